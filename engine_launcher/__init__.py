@@ -1,0 +1,1 @@
+"""Build, run and watch a llama-cpp-python engine for toolpair."""

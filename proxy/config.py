@@ -1,0 +1,137 @@
+"""Typed settings, from defaults, a YAML file, ``TOOLPAIR_*`` variables and the CLI.
+
+Precedence, highest first: command line, environment, file, defaults. Every
+field here is documented, with its default, in ``config/default.yaml``; a test
+keeps the two in step. Unknown keys are an error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["ConfigError", "Settings", "load_settings", "ENV_PREFIX"]
+
+ENV_PREFIX = "TOOLPAIR_"
+
+
+class ConfigError(ValueError):
+    """Raised when a setting is unknown or its value has the wrong type."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting toolpair reads. See config/default.yaml for the meaning of each."""
+
+    # listening
+    host: str = "127.0.0.1"
+    port: int = 8787
+    # upstream (sidecar mode)
+    upstream: str | None = None
+    connect_timeout: float = 10.0
+    upstream_read_timeout: float | None = 600.0
+    # limits
+    max_body_bytes: int = 64 * 1024 * 1024
+    # logging
+    log_level: str = "info"
+
+
+def _field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, kind: Any, value: Any, *, from_text: bool) -> Any:
+    """Turn a YAML value or an environment string into the field's type."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [k for k in typing.get_args(kind) if k is not type(None)]
+        if value is None or (from_text and value.strip().lower() in ("", "null", "none")):
+            return None
+        return _coerce(name, options[0], value, from_text=from_text)
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        if from_text:
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return [_coerce(name, item, v, from_text=from_text) for v in value]
+    if kind is bool:
+        if from_text:
+            lowered = value.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+        elif isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if kind in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if kind is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"{name}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{name}: unsupported setting type {kind!r}")  # pragma: no cover
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return loaded
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> Settings:
+    """Merge the four sources into one :class:`Settings`.
+
+    ``cli`` holds only options the user gave (``None`` values are skipped).
+    ``config_file`` falls back to ``TOOLPAIR_CONFIG``.
+
+    >>> load_settings({"port": 9000}, {"TOOLPAIR_PORT": "9001"}).port
+    9000
+    """
+    env = os.environ if env is None else env
+    kinds = _field_types()
+    values: dict[str, Any] = {}
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        for name, value in _read_file(Path(path)).items():
+            if name not in kinds:
+                raise ConfigError(f"unknown setting {name!r} in {path}")
+            values[name] = _coerce(name, kinds[name], value, from_text=False)
+    for name, kind in kinds.items():
+        text = env.get(ENV_PREFIX + name.upper())
+        if text is not None:
+            values[name] = _coerce(ENV_PREFIX + name.upper(), kind, text, from_text=True)
+    for name, value in (cli or {}).items():
+        if value is None:
+            continue
+        if name not in kinds:
+            raise ConfigError(f"unknown setting {name!r}")
+        values[name] = _coerce(name, kinds[name], value, from_text=False)
+    return Settings(**values)

@@ -1,0 +1,186 @@
+"""Server-sent events: framing, decoding and encoding, as small sync transducers.
+
+Follows https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation
+literally: lines end in CRLF, LF or CR; a line starting with ``:`` is a
+comment; one leading space after the colon is dropped; several ``data`` lines
+join with ``\\n``; a blank line dispatches the event. Bytes are kept until a
+whole line is there, and decoded as UTF-8 only then, so a chunk may split a
+line, a CRLF or a multi-byte character anywhere.
+
+Each transducer has ``feed(chunk) -> list`` and ``finish() -> list``; feeding
+any split of the input gives the same output as feeding it whole.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["FrameSplitter", "LineDecoder", "ServerSentEvent", "EventDecoder", "encode_event"]
+
+# Two line endings in a row end a frame. A lone CR only counts when we know
+# what follows it, so a trailing CR is never examined (see FrameSplitter.feed).
+_FRAME_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+
+
+class FrameSplitter:
+    """Cut a byte stream into whole SSE frames, blank line included.
+
+    Used to relay a stream without decoding it, while never writing half a
+    frame: on an upstream failure, the pending partial frame is simply dropped.
+
+    >>> s = FrameSplitter(); s.feed(b"data: a\\n\\ndata: b"), s.feed(b"\\n\\n")
+    ([b'data: a\\n\\n'], [b'data: b\\n\\n'])
+    """
+
+    __slots__ = ("_buffer", "_scanned")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._scanned = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buffer = self._buffer + chunk if self._buffer else chunk
+        limit = len(buffer) - 1 if buffer.endswith(b"\r") else len(buffer)
+        frames: list[bytes] = []
+        start = 0
+        position = max(0, self._scanned - 3)
+        while True:
+            match = _FRAME_END.search(buffer, position, limit)
+            if match is None:
+                break
+            frames.append(buffer[start : match.end()])
+            start = position = match.end()
+        self._buffer = buffer[start:]
+        self._scanned = limit - start
+        return frames
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of a frame that has not ended yet."""
+        return self._buffer
+
+    def finish(self) -> list[bytes]:
+        """End of input: a trailing partial frame is not a frame, so nothing more comes out."""
+        self._buffer = b""
+        self._scanned = 0
+        return []
+
+
+class LineDecoder:
+    """Bytes to text lines, splitting on CRLF, LF or CR across chunk boundaries."""
+
+    __slots__ = ("_buffer", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._skip_lf = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        lines: list[str] = []
+        if not chunk:
+            return lines
+        if self._skip_lf and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._skip_lf = False
+        buffer = self._buffer
+        buffer += chunk
+        start = 0
+        size = len(buffer)
+        index = 0
+        while index < size:
+            byte = buffer[index]
+            if byte == 0x0A or byte == 0x0D:
+                lines.append(buffer[start:index].decode("utf-8", "replace"))
+                if byte == 0x0D:
+                    if index + 1 < size:
+                        if buffer[index + 1] == 0x0A:
+                            index += 1
+                    else:
+                        self._skip_lf = True
+                start = index + 1
+            index += 1
+        del buffer[:start]
+        return lines
+
+    def finish(self) -> list[str]:
+        if not self._buffer:
+            return []
+        line = self._buffer.decode("utf-8", "replace")
+        self._buffer.clear()
+        return [line]
+
+
+@dataclass(frozen=True)
+class ServerSentEvent:
+    """One dispatched event. ``event`` is ``"message"`` when the stream named none."""
+
+    data: str
+    event: str = "message"
+    id: str | None = None
+    retry: int | None = None
+
+
+class EventDecoder:
+    """Bytes to :class:`ServerSentEvent`, per the spec's interpretation rules.
+
+    >>> d = EventDecoder(); d.feed(b"event: ping\\ndata: {}\\n"), d.feed(b"\\n")
+    ([], [ServerSentEvent(data='{}', event='ping', id=None, retry=None)])
+    """
+
+    __slots__ = ("_data", "_event", "_id", "_lines", "_retry")
+
+    def __init__(self) -> None:
+        self._lines = LineDecoder()
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
+        return self._take(self._lines.feed(chunk))
+
+    def finish(self) -> list[ServerSentEvent]:
+        # A final event without its blank line is incomplete and is discarded (spec).
+        self._take(self._lines.finish())
+        self._data, self._event = [], ""
+        return []
+
+    def _take(self, lines: list[str]) -> list[ServerSentEvent]:
+        events: list[ServerSentEvent] = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    events.append(
+                        ServerSentEvent("\n".join(self._data), self._event or "message", self._id, self._retry)
+                    )
+                self._data, self._event = [], ""
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            if value.startswith(" "):
+                value = value[1:]
+            if name == "data":
+                self._data.append(value)
+            elif name == "event":
+                self._event = value
+            elif name == "id" and "\0" not in value:
+                self._id = value
+            elif name == "retry" and value.isdigit():
+                self._retry = int(value)
+        return events
+
+
+def encode_event(data: str | bytes, event: str | None = None) -> bytes:
+    """One SSE frame. Multi-line data becomes several ``data:`` lines.
+
+    >>> encode_event('{"a":1}', "message_start")
+    b'event: message_start\\ndata: {"a":1}\\n\\n'
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    if b"\n" not in raw and b"\r" not in raw:
+        return head + b"data: " + raw + b"\n\n"
+    lines = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"

@@ -1,0 +1,75 @@
+"""SSE transducers: splitting the input anywhere gives the same output."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.sse import EventDecoder, FrameSplitter, LineDecoder, ServerSentEvent, encode_event
+
+STREAM = (
+    b": comment\r\n"
+    b'event: message_start\r\ndata: {"a": "\xc3\xa9t\xc3\xa9"}\r\n\r\n'
+    b"data: line1\ndata:line2\n\n"
+    b"id: 7\rretry: 10\rdata: cr only\r\r"
+    b"data: [DONE]\n\n"
+    b"data: trailing without blank line"
+)
+
+
+def feed_split(transducer_factory, data: bytes, cuts: list[int]) -> list:  # type: ignore[no-untyped-def]
+    t = transducer_factory()
+    out: list = []  # type: ignore[type-arg]
+    previous = 0
+    for cut in sorted(cuts):
+        out += t.feed(data[previous:cut])
+        previous = cut
+    out += t.feed(data[previous:])
+    out += t.finish()
+    return out
+
+
+def test_event_decoder_follows_the_spec() -> None:
+    events = feed_split(EventDecoder, STREAM, [])
+    assert events == [
+        ServerSentEvent('{"a": "été"}', "message_start"),
+        ServerSentEvent("line1\nline2"),
+        ServerSentEvent("cr only", id="7", retry=10),
+        ServerSentEvent("[DONE]", id="7", retry=10),
+    ]
+
+
+def test_frame_splitter_keeps_whole_frames_and_drops_a_partial_one() -> None:
+    frames = feed_split(FrameSplitter, STREAM, [])
+    assert b"".join(frames) == STREAM[: STREAM.index(b"data: trailing")]
+    assert len(frames) == 4
+
+
+def test_every_single_byte_split_point() -> None:
+    whole_events = feed_split(EventDecoder, STREAM, [])
+    whole_frames = feed_split(FrameSplitter, STREAM, [])
+    whole_lines = feed_split(LineDecoder, STREAM, [])
+    for cut in range(len(STREAM) + 1):
+        assert feed_split(EventDecoder, STREAM, [cut]) == whole_events, cut
+        assert b"".join(feed_split(FrameSplitter, STREAM, [cut])) == b"".join(whole_frames), cut
+        assert feed_split(LineDecoder, STREAM, [cut]) == whole_lines, cut
+
+
+@given(st.lists(st.integers(0, len(STREAM)), max_size=12))
+def test_any_split_gives_the_same_output(cuts: list[int]) -> None:
+    assert feed_split(EventDecoder, STREAM, cuts) == feed_split(EventDecoder, STREAM, [])
+    assert b"".join(feed_split(FrameSplitter, STREAM, cuts)) == b"".join(feed_split(FrameSplitter, STREAM, []))
+
+
+def test_byte_at_a_time() -> None:
+    splitter = FrameSplitter()
+    frames = []
+    for i in range(len(STREAM)):
+        frames += splitter.feed(STREAM[i : i + 1])
+    assert frames == feed_split(FrameSplitter, STREAM, [])
+
+
+def test_encode_event_round_trips() -> None:
+    raw = encode_event("a\nb", "x") + encode_event(b"{}")
+    assert raw == b"event: x\ndata: a\ndata: b\n\ndata: {}\n\n"
+    assert feed_split(EventDecoder, raw, []) == [ServerSentEvent("a\nb", "x"), ServerSentEvent("{}")]
