@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -11,6 +11,7 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.server import create_app
 from tests.mock_engine import MockEngine
+from tests.real_engine import RealEngine, start_real_engine
 
 
 async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -44,3 +45,11 @@ async def stack(engine: MockEngine) -> AsyncIterator[Stack]:
     runner, url = await start_app(create_app(settings))
     yield Stack(engine, url, settings)
     await runner.cleanup()
+
+
+@pytest.fixture(scope="session")
+def real_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
+    """The real llama-cpp-python server with the bundled model, shared by the whole session."""
+    engine = start_real_engine(tmp_path_factory.mktemp("engine"))
+    yield engine
+    engine.stop()
