@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
@@ -85,8 +86,19 @@ def _run_proxy(args: argparse.Namespace) -> int:
         handler_cancellation=True,
         access_log=None,
         print=None,
+        loop=new_event_loop(),
     )
     return 0
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it is installed (it roughly halves the per-request overhead), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def main(argv: Sequence[str] | None = None) -> int:

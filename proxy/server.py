@@ -46,6 +46,9 @@ ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
 _API_DROP = ("accept-encoding",)
 # Response headers that no longer describe the bytes we send once we relay them.
 _RELAY_DROP = ("content-length", "content-encoding")
+# A plain (not event-stream) response up to this size is read whole and sent in
+# one write: fewer round trips through the event loop than a chunked relay.
+_BUFFER_LIMIT = 1 << 20
 
 
 def error_response(error: ToolpairError, dialect: Dialect) -> web.Response:
@@ -60,8 +63,10 @@ def error_response(error: ToolpairError, dialect: Dialect) -> web.Response:
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """Read the whole request body, refusing more than ``limit`` bytes up front where possible."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLargeError(f"request body of {request.content_length} bytes is over the {limit}-byte limit")
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise BodyTooLargeError(f"request body of {request.content_length} bytes is over the {limit}-byte limit")
+        return await request.read()
     body = bytearray()
     async for chunk in request.content.iter_any():
         body += chunk
@@ -96,9 +101,18 @@ async def relay(
     can be reported in-band without a half-written frame before it.
     """
     headers = forwardable_headers(response.headers, () if raw else _RELAY_DROP)
-    if raw and response.headers.get("content-length") is not None:
-        headers["Content-Length"] = response.headers["content-length"]
     is_sse = response.content_type == "text/event-stream"
+    length = response.content_length
+    if not is_sse and length is not None and length <= _BUFFER_LIMIT and request.method != "HEAD":
+        try:
+            body = await upstream.read(response)
+        except UpstreamError as exc:
+            response.close()
+            return error_response(exc, dialect)
+        response.release()
+        return web.Response(status=response.status, reason=response.reason, headers=headers, body=body)
+    if raw and length is not None:
+        headers["Content-Length"] = str(length)
     if is_sse:
         headers["Cache-Control"] = "no-cache"
         headers["X-Accel-Buffering"] = "no"

@@ -70,6 +70,7 @@ class Upstream:
             connector=connector,
             timeout=self._timeout,
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy must not keep one client's cookies for the next
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
 
@@ -101,6 +102,15 @@ class Upstream:
             raise UpstreamError(f"upstream {self.base_url} is unreachable: {exc.strerror or exc}") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamError(self._describe(exc)) from exc
+
+    async def read(self, response: aiohttp.ClientResponse) -> bytes:
+        """The whole body; a broken or silent upstream raises an UpstreamError."""
+        try:
+            return await response.read()
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeoutError(f"upstream {self.base_url} stopped sending") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"upstream {self.base_url} broke off the response: {exc}") from exc
 
     async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         """Yield the body as it arrives; a broken or silent upstream raises an UpstreamError."""
