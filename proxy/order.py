@@ -91,6 +91,9 @@ class _Tally:
 
 
 def _check_ids(ids: Sequence[object]) -> KeptReason | None:
+    # Fast path for the common case: every ID a nonempty string, none repeated.
+    if all(type(value) is str and value for value in ids) and len(set(ids)) == len(ids):
+        return None
     seen: set[str] = set()
     for value in ids:
         if value is None or value == "":
@@ -116,17 +119,24 @@ def call_order(call_ids: Sequence[object], result_ids: Sequence[object]) -> list
     >>> call_order(["a", "b"], ["a"])
     <KeptReason.INCOMPLETE_RUN: 'incomplete_run'>
     """
-    problem = _check_ids(call_ids) or _check_ids(result_ids)
+    problem = _check_ids(call_ids)
+    if problem is not None:
+        return problem
+    if list(result_ids) == list(call_ids):
+        return None
+    problem = _check_ids(result_ids)
     if problem is not None:
         return problem
     position = {call_id: index for index, call_id in enumerate(call_ids)}
-    if any(result_id not in position for result_id in result_ids):
+    slots = [position.get(result_id) for result_id in result_ids]
+    if None in slots:
         return KeptReason.UNKNOWN_ID
     if len(result_ids) != len(call_ids):
         return KeptReason.INCOMPLETE_RUN
-    by_call = sorted(range(len(result_ids)), key=lambda i: position[result_ids[i]])
-    if by_call == list(range(len(result_ids))):
-        return None
+    # IDs are unique and the sets are equal, so ``slots`` is a permutation: invert it.
+    by_call = [0] * len(slots)
+    for index, slot in enumerate(slots):
+        by_call[slot] = index  # type: ignore[index]
     return by_call
 
 
@@ -150,19 +160,28 @@ def order_chat_results(messages: Messages) -> tuple[Messages, OrderReport]:
     result: Messages | None = None
     index = 0
     count = len(messages)
+    # Written with inline dict checks: this loop runs on every chat request with results.
     while index < count:
         message = messages[index]
         index += 1
-        calls = _get(message, "tool_calls")
-        if _get(message, "role") != "assistant" or not isinstance(calls, list) or not calls:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list) or not calls:
             continue
         start = index
-        while index < count and _get(messages[index], "role") == "tool":
+        while index < count:
+            candidate = messages[index]
+            if not isinstance(candidate, dict) or candidate.get("role") != "tool":
+                break
             index += 1
         if start == index:
             continue
         run = messages[start:index]
-        outcome = call_order([_get(call, "id") for call in calls], [_get(m, "tool_call_id") for m in run])
+        outcome = call_order(
+            [call.get("id") if isinstance(call, dict) else None for call in calls],
+            [m.get("tool_call_id") for m in run],
+        )
         tally.count(outcome)
         if isinstance(outcome, list):
             if result is None:
