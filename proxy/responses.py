@@ -333,7 +333,8 @@ class _Turn:
     def message(self) -> Body | None:
         if not self.text and not self.calls:
             return None  # reasoning alone: nothing to render as a turn
-        message: Body = {"role": "assistant", "content": "\n".join(self.text) if self.text else None}
+        # "" rather than null beside tool_calls: both are valid Chat, and llama-cpp-python 0.3.36 rejects null.
+        message: Body = {"role": "assistant", "content": "\n".join(self.text)}
         if self.calls:
             message["tool_calls"] = self.calls
         if self.reasoning:
