@@ -160,10 +160,16 @@ def error_event(error: ToolpairError, dialect: Dialect) -> bytes:
     """A complete SSE frame reporting a failure in the middle of a stream.
 
     Chat Completions has no error event, so the frame is a ``data:`` line whose
-    object carries ``error``, which the OpenAI SDK raises on.
+    object carries ``error``, which the OpenAI SDK raises on. A Responses stream
+    relayed from an engine gets the API's ``error`` event, which also carries
+    ``error`` for the SDK (the stream's sequence numbers belong to the engine).
     """
     if dialect is Dialect.ANTHROPIC:
         return b"event: error\ndata: " + error_body(error, dialect) + b"\n\n"
+    if dialect is Dialect.RESPONSES:
+        inner = _error_object(error, dialect)
+        event = {"type": "error", "code": error.code, "message": error.message, "param": error.param, "error": inner}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
     return b"data: " + error_body(error, dialect) + b"\n\n"
 
 

@@ -541,11 +541,11 @@ def translate_request(data: Body, history: Messages | None = None) -> ResponsesP
     tools = data.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "must be a list")
-    extra = [item for item in fresh if isinstance(item, dict) and item.get("type") == "additional_tools"]
+    extra = [item for item in items if isinstance(item, dict) and item.get("type") == "additional_tools"]
     all_tools = list(tools or [])
     for item in extra:
         if not isinstance(item.get("tools"), list):
-            raise _bad(f"{label[id(item)]}.tools", "must be a list")
+            raise _bad(f"{label.get(id(item), 'input')}.tools", "must be a list")
         all_tools.extend(item["tools"])
     chat_tools, refs, dropped = _tools_to_chat(all_tools, "tools")
     choice, allowed = _tool_choice(data.get("tool_choice"), refs)

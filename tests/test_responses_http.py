@@ -495,6 +495,30 @@ async def test_native_mode_keeps_client_bytes_when_nothing_moves(native: Stack) 
     assert status == 400 and "not valid JSON" in reply["error"]["message"]
 
 
+async def test_native_mode_engine_breaking_mid_stream_ends_with_an_error_event(native: Stack) -> None:
+    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\nda')
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    native.engine.then(breaks)
+    status, raw, _ = await post(native.url, {"model": "m", "input": "x", "stream": True})
+    assert status == 200
+    created, error = sse_events(raw)
+    assert created["type"] == "response.created"
+    assert error["type"] == "error" and error["code"] == "upstream_unavailable"
+    assert error["error"]["source"] == "toolpair" and native.engine.url in error["message"]
+    native.engine.then(breaks)
+    async with client(native.url) as sdk:
+        with pytest.raises(openai.APIError, match="broke off"):
+            stream = await sdk.responses.create(model="m", input="x", stream=True)
+            async for _ in stream:
+                pass
+
+
 async def test_responses_mode_setting_is_validated() -> None:
     from proxy.config import ConfigError
 
