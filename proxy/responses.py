@@ -603,6 +603,9 @@ def plan_native_request(raw: bytes) -> NativePlan:
 # --- the response: one state machine for streams, reused for whole completions ----------------
 
 
+_TRUNCATED = {"length": "max_output_tokens", "content_filter": "content_filter"}  # chat finish -> incomplete reason
+
+
 class StreamStateError(RuntimeError):
     """Raised when the stream transducer is driven in an order that cannot happen (a toolpair bug)."""
 
@@ -719,17 +722,17 @@ class ResponsesStream:
                     events += self._call_delta(call)
             if isinstance(choice.get("finish_reason"), str):
                 self._finish_reason = choice["finish_reason"]
-                events += self._close("incomplete" if self._finish_reason == "length" else "completed")
+                events += self._close("incomplete" if self._finish_reason in _TRUNCATED else "completed")
         return events
 
     def finish(self) -> list[Event]:
         if self._phase is not _Phase.OPEN:
             raise StreamStateError(f"finish() while the stream is {self._phase.value}")
-        truncated = self._finish_reason in ("length", "content_filter")
+        truncated = self._finish_reason in _TRUNCATED
         events = self._close("incomplete" if truncated else "completed")
         self._phase = _Phase.DONE
         if truncated:
-            reason = "max_output_tokens" if self._finish_reason == "length" else "content_filter"
+            reason = _TRUNCATED[str(self._finish_reason)]
             self.response = self._snapshot("incomplete", incomplete_details={"reason": reason})
             return [*events, self._event("response.incomplete", response=self.response)]
         self.response = self._snapshot("completed")
@@ -947,7 +950,7 @@ def chat_to_response(completion: Body, plan: ResponsesPlan, response_id: str, cr
     delta: Body = {
         "reasoning_content": message.get("reasoning_content") or message.get("reasoning"),
         "content": message.get("content"),
-        "tool_calls": [{**call, "index": index} for index, call in enumerate(calls)]
+        "tool_calls": [{**call, "index": i} if isinstance(call, dict) else call for i, call in enumerate(calls)]
         if isinstance(calls, list)
         else None,
     }

@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.chat import decode_body
 from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
-from proxy.errors import ClientInputError, Dialect, ToolpairError, UpstreamError
+from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.order import OrderReport
 from proxy.responses import (
     ResponsesPlan,
@@ -194,16 +194,9 @@ async def _stream(
     return out
 
 
-def _response_id(request: web.Request) -> str:
-    response_id = request.match_info["response_id"]
-    if not response_id:
-        raise ClientInputError("a response id is required")  # pragma: no cover - the route needs one
-    return response_id
-
-
 async def get_response(request: web.Request) -> web.StreamResponse:
     try:
-        entry = request.app[RESPONSES_STORE].get(_response_id(request))
+        entry = request.app[RESPONSES_STORE].get(request.match_info["response_id"])
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
     return web.Response(body=orjson.dumps(entry.response), content_type="application/json")
@@ -211,7 +204,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
 
 async def delete_response(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES_STORE]
-    response_id = _response_id(request)
+    response_id = request.match_info["response_id"]
     try:
         store.get(response_id)
     except ToolpairError as exc:

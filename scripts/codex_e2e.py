@@ -1,8 +1,8 @@
 """Manual end-to-end check: Codex CLI -> toolpair (translate mode) -> mock chat engine.
 
 Not part of ``make test``. Needs the Codex CLI (``npm i -g @openai/codex``, or set CODEX_BIN).
-The mock answers Codex's first request with two parallel ``exec_command`` calls, streamed as
-chat tool calls, and any request that carries tool results with a short text. The script
+The mock answers Codex's first request with some reasoning and two parallel ``exec_command``
+calls, streamed as chat chunks, and any request that carries tool results with a short text. The script
 prints what the engine received and what Codex printed, and exits nonzero when the loop
 did not complete.
 
@@ -43,6 +43,7 @@ async def codex_turn(request: web.Request, received: Received) -> web.StreamResp
         await response.write(chunk({"content": ANSWER}))
         await response.write(chunk({}, "stop"))
     else:
+        await response.write(chunk({"reasoning_content": "Two commands: run both at once."}))
         for index, command in enumerate(COMMANDS):
             call = {
                 "index": index,
@@ -106,6 +107,8 @@ async def main() -> int:
         print(f"request {number}: {received.path} roles={roles}")
         print(f"  tools ({len(tools)}): {', '.join(tools)}")
         for message in body["messages"]:
+            if message.get("reasoning_content"):
+                print(f"  reasoning_content on an assistant message: {message['reasoning_content']!r}")
             if message["role"] == "tool":
                 print(f"  tool result {message['tool_call_id']}: {message['content'][:120]!r}")
     results = [m for r in engine.received for m in orjson.loads(r.body)["messages"] if m["role"] == "tool"]

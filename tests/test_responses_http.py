@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,18 @@ async def test_codex_request_streams_through(stack: Stack) -> None:
     assert len(body["tools"]) == 14 and body["parallel_tool_calls"] is True and body["tool_choice"] == "auto"
     for dropped in ("prompt_cache_key", "client_metadata", "include", "store", "reasoning", "input"):
         assert dropped not in body
+
+
+async def test_hosted_tools_are_logged_once_and_named_on_every_response(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"input": "x", "tools": [WEATHER, {"type": "web_search"}, {"type": "code_interpreter", "container": "auto"}]}
+    with caplog.at_level(logging.INFO, logger="toolpair"):
+        headers = [(await post(stack.url, body))[2] for _ in range(2)]
+    assert [h["X-Toolpair-Dropped-Tools"] for h in headers] == ["web_search,code_interpreter"] * 2
+    logged = [r.getMessage() for r in caplog.records if "hosted tools" in r.getMessage()]
+    assert len(logged) == 1 and "web_search, code_interpreter" in logged[0]
+    assert [t["function"]["name"] for t in stack.engine.last.json()["tools"]] == ["get_weather"]
 
 
 async def test_codex_request_with_reversed_outputs_is_ordered(stack: Stack) -> None:

@@ -82,14 +82,17 @@ def test_content_parts_text_joined_and_images_kept_as_chat_parts() -> None:
         {
             "input": [
                 {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
-                {"role": "assistant", "content": [{"type": "output_text", "text": "seen"}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "seen"}, {"type": "refusal", "refusal": "no"}],
+                },
                 {"role": "user", "content": [{"type": "input_text", "text": "look"}, image]},
             ]
         }
     )
     assert plan.chat["messages"] == [
         {"role": "user", "content": "a\nb"},
-        {"role": "assistant", "content": "seen"},
+        {"role": "assistant", "content": "seen\nno"},
         {
             "role": "user",
             "content": [
@@ -500,6 +503,12 @@ def test_token_limit_ends_incomplete_with_the_open_item_incomplete() -> None:
     sdk_replay(events)  # accepted, though (as with the real API) there is no completed response
 
 
+def test_content_filter_ends_incomplete_too() -> None:
+    events, _ = run([chunk({"content": "no"}), chunk({}, "content_filter")])
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "content_filter"}
+
+
 def test_empty_answer_completes_with_an_empty_output() -> None:
     events, _ = run([chunk({"role": "assistant"}), chunk({}, "stop")])
     assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.completed"]
@@ -593,7 +602,7 @@ def test_completion_with_every_kind_of_output() -> None:
                 "message": {
                     "role": "assistant",
                     "content": "On it.",
-                    "reasoning_content": "Need tools.",
+                    "reasoning": "Need tools.",
                     "tool_calls": [
                         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}},
                         {
@@ -625,6 +634,7 @@ def test_completion_with_every_kind_of_output() -> None:
         ("function_call", "call_3", "close", "agents"),
     ]
     assert response["output"][3]["input"] == "p"
+    assert response["output"][0]["content"] == [{"type": "reasoning_text", "text": "Need tools."}]
     assert response["usage"] == {
         "input_tokens": 9,
         "input_tokens_details": {"cached_tokens": 2},
@@ -647,7 +657,16 @@ def test_custom_call_with_arguments_that_are_not_the_wrapper_keeps_them_raw() ->
     assert response["output"][0]["input"] == "raw text" and response["usage"] is None
 
 
-@pytest.mark.parametrize("completion", [{}, {"choices": []}, {"choices": [1]}, {"choices": [{"message": "x"}]}])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        {},
+        {"choices": []},
+        {"choices": [1]},
+        {"choices": [{"message": "x"}]},
+        {"choices": [{"message": {"tool_calls": [3]}}]},
+    ],
+)
 def test_completions_without_a_message_are_upstream_errors(completion: dict[str, Any]) -> None:
     with pytest.raises(UpstreamError):
         chat_to_response(completion, plan_with_tools(), "resp_c", 5)
