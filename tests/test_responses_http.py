@@ -537,3 +537,12 @@ async def test_responses_mode_setting_is_validated() -> None:
 
     with pytest.raises(ConfigError, match="responses_mode"):
         create_app(Settings(upstream="http://127.0.0.1:9", responses_mode="sometimes"))
+
+
+async def test_cli_responses_mode_option() -> None:
+    from proxy.cli import _settings, build_parser
+
+    args = build_parser().parse_args(["proxy", "--upstream", "http://e", "--responses-mode", "native"])
+    assert _settings(args, "upstream", "responses_mode").responses_mode == "native"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["proxy", "--responses-mode", "sometimes"])
