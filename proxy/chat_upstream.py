@@ -10,7 +10,7 @@ inside, so every front end gets the same treatment as ``/v1/chat/completions``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -51,8 +51,8 @@ def _engine_message(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")[:500]
 
 
-async def _open(upstream: Upstream, body: Body) -> aiohttp.ClientResponse:
-    response = await upstream.open("POST", CHAT_PATH, _JSON_HEADERS, orjson.dumps(body))
+async def _open(upstream: Upstream, body: Body, headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
+    response = await upstream.open("POST", CHAT_PATH, {**(headers or {}), **_JSON_HEADERS}, orjson.dumps(body))
     if response.status >= 400:
         try:
             raw = await response.read()
@@ -64,9 +64,12 @@ async def _open(upstream: Upstream, body: Body) -> aiohttp.ClientResponse:
     return response
 
 
-async def chat_completion(upstream: Upstream, body: Body) -> Body:
-    """One non-streaming completion, as a dict."""
-    response = await _open(upstream, {**body, "stream": False})
+async def chat_completion(upstream: Upstream, body: Body, headers: Mapping[str, str] | None = None) -> Body:
+    """One non-streaming completion, as a dict.
+
+    ``headers`` go to the engine too (e.g. the client's ``Authorization`` for an engine with a key).
+    """
+    response = await _open(upstream, {**body, "stream": False}, headers)
     try:
         raw = b"".join([chunk async for chunk in upstream.chunks(response)])
     finally:
@@ -80,14 +83,16 @@ async def chat_completion(upstream: Upstream, body: Body) -> Body:
     return data
 
 
-async def chat_stream(upstream: Upstream, body: Body) -> AsyncIterator[Body]:
+async def chat_stream(
+    upstream: Upstream, body: Body, headers: Mapping[str, str] | None = None
+) -> AsyncGenerator[Body, None]:
     """Stream a completion as chunk dicts; stops at ``[DONE]`` or end of stream.
 
     A broken stream, a malformed event or an error event raises an
     :class:`~proxy.errors.UpstreamError`, so the caller can end its own stream
     with an in-band error in its dialect.
     """
-    response = await _open(upstream, {**body, "stream": True})
+    response = await _open(upstream, {**body, "stream": True}, headers)
     decoder = EventDecoder()
     try:
         async for raw in upstream.chunks(response):

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     proxy.add_argument("--upstream", metavar="URL", help="base URL of the engine, e.g. http://127.0.0.1:8080")
+    proxy.add_argument(
+        "--responses-mode",
+        choices=["auto", "native", "translate"],
+        help="serve /v1/responses by forwarding it to the engine (native) or through its chat completions "
+        "(translate); auto: native for llama-server, translate otherwise",
+    )
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
     return parser
@@ -68,7 +74,7 @@ def _setup_logging(level: str) -> None:
 def _run_proxy(args: argparse.Namespace) -> int:
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream")
+    settings = _settings(args, "upstream", "responses_mode")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings.log_level)

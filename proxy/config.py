@@ -42,6 +42,10 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     # logging
     log_level: str = "info"
+    # OpenAI Responses (/v1/responses)
+    responses_mode: str = "auto"
+    responses_store_max_entries: int = 1000
+    responses_store_max_bytes: int = 128 * 1024 * 1024
 
 
 def _field_types() -> dict[str, Any]:

@@ -4,14 +4,17 @@ Exception tree (each knows its HTTP status and error type)::
 
     ToolpairError                 root; never escapes a handler
     ├── ClientInputError          400  the request body is not usable
-    │   └── BodyTooLargeError     413  the body is over max_body_bytes
+    │   ├── BodyTooLargeError     413  the body is over max_body_bytes
+    │   └── NotFoundError         404  the request names something toolpair does not hold
     ├── UpstreamError             502  the upstream failed or answered garbage
     │   ├── UpstreamTimeoutError  504  the upstream did not answer in time
     │   └── UpstreamStatusError   4xx/5xx  the engine refused a translated request
     └── EngineUnavailableError    503  the managed engine is not ready
 
 Each error is turned into bytes in exactly one place, :func:`error_body`, in
-the dialect of the route the client called. Bodies carry ``"source":
+the dialect of the route the client called (a Responses stream that already
+started reports it in-band instead, as the ``error`` of a failed Response:
+:func:`response_error`). Bodies carry ``"source":
 "toolpair"`` so an operator can tell our errors from the engine's.
 """
 
@@ -26,12 +29,14 @@ __all__ = [
     "ClientInputError",
     "Dialect",
     "EngineUnavailableError",
+    "NotFoundError",
     "ToolpairError",
     "UpstreamError",
     "UpstreamStatusError",
     "UpstreamTimeoutError",
     "error_body",
     "error_event",
+    "response_error",
 ]
 
 
@@ -72,6 +77,18 @@ class BodyTooLargeError(ClientInputError):
     status = 413
     anthropic_type = "request_too_large"
     code = "body_too_large"
+
+
+class NotFoundError(ClientInputError):
+    """Raised when a request names a stored object that is unknown here (e.g. a previous response)."""
+
+    status = 404
+    anthropic_type = "not_found_error"
+    code = "not_found"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "not_found") -> None:
+        super().__init__(message, param=param)
+        self.code = code
 
 
 class UpstreamError(ToolpairError):
@@ -143,8 +160,29 @@ def error_event(error: ToolpairError, dialect: Dialect) -> bytes:
     """A complete SSE frame reporting a failure in the middle of a stream.
 
     Chat Completions has no error event, so the frame is a ``data:`` line whose
-    object carries ``error``, which the OpenAI SDK raises on.
+    object carries ``error``, which the OpenAI SDK raises on. A Responses stream
+    relayed from an engine gets the API's ``error`` event, which also carries
+    ``error`` for the SDK (the stream's sequence numbers belong to the engine).
     """
     if dialect is Dialect.ANTHROPIC:
         return b"event: error\ndata: " + error_body(error, dialect) + b"\n\n"
+    if dialect is Dialect.RESPONSES:
+        inner = _error_object(error, dialect)
+        event = {"type": "error", "code": error.code, "message": error.message, "param": error.param, "error": inner}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
     return b"data: " + error_body(error, dialect) + b"\n\n"
+
+
+def response_error(error: ToolpairError) -> dict[str, object]:
+    """The ``error`` object of a failed Response, for failures after a Responses stream began.
+
+    >>> response_error(UpstreamError("engine gone"))["code"]
+    'server_error'
+    """
+    return {
+        "code": "server_error" if error.status >= 500 else "invalid_prompt",
+        "message": error.message,
+        "param": error.param,
+        "type": error.openai_type,
+        "source": "toolpair",
+    }

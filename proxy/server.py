@@ -203,5 +203,8 @@ def create_app(
     app.cleanup_ctx.append(_upstream_ctx)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, chat_completions)
+    from proxy.responses_routes import register_responses_routes  # imports this module
+
+    register_responses_routes(app)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app
