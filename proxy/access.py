@@ -26,6 +26,7 @@ from proxy.logs import accept_request_id
 from proxy.metrics import Metrics
 from proxy.routes import METRICS_PATH, PROBE_PATHS
 from proxy.trace import TRACE, Trace, bind, unbind
+from proxy.usage import Usage
 
 __all__ = ["access_middleware", "route_label", "stamp_request_id"]
 
@@ -79,8 +80,9 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
             metrics.in_flight.dec()
             duration = time.monotonic() - trace.started
             route = route_label(request)
-            metrics.record(trace, route, status, duration)
-            _log_access(request, trace, route, status, duration)
+            usage = trace.usage()
+            metrics.record(trace, route, status, duration, usage)
+            _log_access(request, trace, route, status, duration, usage)
 
     return observe
 
@@ -92,9 +94,10 @@ async def stamp_request_id(request: web.Request, response: web.StreamResponse) -
         response.headers["X-Request-ID"] = trace.request_id
 
 
-def _log_access(request: web.Request, trace: Trace, route: str, status: int, duration: float) -> None:
+def _log_access(
+    request: web.Request, trace: Trace, route: str, status: int, duration: float, usage: Usage | None
+) -> None:
     report = trace.report
-    usage = trace.usage()
     ttfb = trace.upstream_ttfb
     fields: dict[str, Any] = {
         "method": request.method,

@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from proxy import __version__
 from proxy.engine_status import ENGINE_STATES, EngineSnapshot
 from proxy.trace import Trace
+from proxy.usage import Usage
 
 __all__ = ["APIS", "METRICS", "Metrics", "metrics_handler"]
 
@@ -122,8 +123,8 @@ class Metrics:
             self.runs_in_order.labels(api)
         r.register(_EngineCollector(engine_probe))
 
-    def record(self, trace: Trace, route: str, status: int, duration: float) -> None:
-        """Count one finished request."""
+    def record(self, trace: Trace, route: str, status: int, duration: float, usage: Usage | None) -> None:
+        """Count one finished request; ``usage`` is ``trace.usage()``, read once by the caller."""
         self.requests.labels(route, str(status)).inc()
         self.duration.labels(route).observe(duration)
         ttfb = trace.upstream_ttfb
@@ -140,7 +141,6 @@ class Metrics:
             self.toolcall_failures.inc(trace.toolcalls_failed)
         if trace.queue_wait is not None:
             self.queue_wait.observe(trace.queue_wait)
-        usage = trace.usage()
         if usage is not None:
             if usage.prompt_tokens:
                 self.prompt_tokens.labels(route).inc(usage.prompt_tokens)

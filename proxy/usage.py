@@ -65,29 +65,27 @@ def _usage_of(obj: Any) -> Usage | None:
     return Usage(prompt, completion)
 
 
-def _object_end(data: bytes, start: int) -> int:
-    """Index just past the JSON object opening at ``start``, or -1 if it is cut off."""
-    depth = 0
-    in_string = False
-    i = start
-    n = len(data)
-    while i < n:
-        c = data[i]
-        if in_string:
-            if c == 0x5C:  # backslash: skip the escaped byte
-                i += 1
-            elif c == 0x22:
-                in_string = False
-        elif c == 0x22:
-            in_string = True
-        elif c == 0x7B:
-            depth += 1
-        elif c == 0x7D:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return -1
+_MAX_CLOSES = 16
+"""Closing braces tried per usage object; real ones nest two or three objects at most."""
+
+
+def _object_at(data: bytes, start: int) -> Any:
+    """The JSON object opening at ``start``, or None if it is cut off or not JSON.
+
+    Tries each following ``}`` as the end, in C: a JSON value has exactly one
+    end, so the first prefix that parses is the whole object (a ``}`` inside a
+    string leaves the prefix unparseable).
+    """
+    end = start
+    for _ in range(_MAX_CLOSES):
+        end = data.find(b"}", end) + 1
+        if end == 0:
+            return None
+        try:
+            return orjson.loads(data[start:end])
+        except orjson.JSONDecodeError:
+            continue
+    return None
 
 
 def find_usage(data: bytes) -> Usage | None:
@@ -114,13 +112,7 @@ def find_usage(data: bytes) -> Usage | None:
             i += 1
         if i >= len(data) or data[i] != 0x7B:  # '{'
             continue
-        close = _object_end(data, i)
-        if close < 0:
-            continue
-        try:
-            usage = _usage_of(orjson.loads(data[i:close]))
-        except orjson.JSONDecodeError:
-            continue
+        usage = _usage_of(_object_at(data, i))
         if usage is not None:
             return usage
 
@@ -137,8 +129,10 @@ class UsageScanner:
         self._window = window
         self._head = bytearray()
         self._tail = bytearray()
+        self._seen = 0
 
     def feed(self, chunk: bytes) -> None:
+        self._seen += len(chunk)
         if len(self._head) < self._window:
             self._head += chunk[: self._window - len(self._head)]
         self._tail += chunk
@@ -147,8 +141,10 @@ class UsageScanner:
 
     def result(self) -> Usage | None:
         """Usage from the last report near the end, completed from one near the start."""
-        first = find_usage(bytes(self._head))
         last = find_usage(bytes(self._tail[-self._window :]))
+        if self._seen <= self._window:  # the head is the whole body, already read
+            return last
+        first = find_usage(bytes(self._head))
         if first is None or last is None:
             return last or first
         return last.over(first)
