@@ -23,7 +23,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from proxy.errors import UpstreamError, UpstreamTimeoutError
-from proxy.trace import current_trace
+from proxy.trace import Trace, current_trace
 
 __all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
 
@@ -107,8 +107,8 @@ class Upstream:
         """
         if self._session is None:
             raise UpstreamError(f"upstream {self.base_url} is not started")
-        headers = self._next_hop_headers(headers)
         trace = current_trace()
+        headers = self._next_hop_headers(headers, trace)
         if trace is not None:
             trace.upstream_request(body)
         try:
@@ -122,9 +122,8 @@ class Upstream:
         except aiohttp.ClientError as exc:
             raise UpstreamError(self._describe(exc)) from exc
 
-    def _next_hop_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+    def _next_hop_headers(self, headers: Mapping[str, str], trace: Trace | None) -> Mapping[str, str]:
         """The caller's headers with this upstream's credential policy and the request id applied."""
-        trace = current_trace()
         if self._api_key is None and self._forward_credentials and trace is None:
             return headers
         out = CIMultiDict(headers)

@@ -17,6 +17,7 @@ from proxy.config import ConfigError, Settings, load_settings
 from proxy.errors import Dialect, dialect_for_path
 from proxy.routes import HEALTH_PATH, METRICS_PATH, READY_PATH, STATUS_PATH
 from proxy.server import create_app
+from proxy.upstream import Upstream
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine
@@ -327,3 +328,28 @@ async def test_exposure_warning_at_start_up(
     assert len(warnings) == (1 if warns else 0)
     if warns:
         assert host in warnings[0] and "api_keys" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("api_key", "forward", "expected"),
+    [
+        (None, True, {"authorization": "Bearer client", "x-api-key": "client-x"}),
+        (None, False, {}),
+        ("engine-key", True, {"authorization": "Bearer engine-key"}),
+        ("engine-key", False, {"authorization": "Bearer engine-key"}),
+    ],
+)
+async def test_upstream_credential_policy_outside_any_request(
+    engine: MockEngine, api_key: str | None, forward: bool, expected: dict[str, str]
+) -> None:
+    """The Upstream applies it on its own, e.g. for the managed engine's health polls."""
+    upstream = Upstream(engine.url, api_key=api_key, forward_credentials=forward)
+    await upstream.start()
+    try:
+        sent = {"Authorization": "Bearer client", "X-Api-Key": "client-x", "X-Other": "kept"}
+        response = await upstream.open("GET", "/v1/models", sent, None)
+        response.close()
+    finally:
+        await upstream.close()
+    assert credential_headers(engine.last.headers) == expected
+    assert engine.last.headers["X-Other"] == "kept"
