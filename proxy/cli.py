@@ -12,6 +12,8 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
+from proxy.logs import LOG_FORMATS, setup_logging
+from proxy.status import public_url
 
 __all__ = ["build_parser", "main"]
 
@@ -30,6 +32,10 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port to listen on (default 8787)")
     parser.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json, one object per line")
+    parser.add_argument(
+        "--api-keys-file", metavar="FILE", help="API keys clients must send, one per line (also TOOLPAIR_API_KEYS)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,14 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace, *names: str) -> Settings:
-    cli = {name: getattr(args, name, None) for name in ("host", "port", "log_level", *names)}
+    shared = ("host", "port", "log_level", "log_format", "api_keys_file")
+    cli = {name: getattr(args, name, None) for name in (*shared, *names)}
     return load_settings(cli, config_file=args.config)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+def _setup_logging(settings: Settings) -> None:
+    setup_logging(settings.log_level, settings.log_format)
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
@@ -77,13 +82,13 @@ def _run_proxy(args: argparse.Namespace) -> int:
     settings = _settings(args, "upstream", "responses_mode")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
-    _setup_logging(settings.log_level)
+    _setup_logging(settings)
     logging.getLogger("toolpair").info(
         "toolpair %s listening on http://%s:%d, upstream %s",
         __version__,
         settings.host,
         settings.port,
-        settings.upstream,
+        public_url(settings.upstream),
     )
     web.run_app(
         create_app(settings),

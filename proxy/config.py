@@ -12,7 +12,7 @@ import os
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,13 @@ class Settings:
     responses_mode: str = "auto"
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
+    # production: API keys, metrics, logs (issue 8). Secrets are kept out of repr().
+    api_keys: list[str] = field(default_factory=list, repr=False)
+    api_keys_file: str | None = None
+    upstream_api_key: str | None = field(default=None, repr=False)
+    metrics_require_key: bool = False
+    log_format: str = "text"
+    log_bodies: bool = False
 
 
 def _field_types() -> dict[str, Any]:

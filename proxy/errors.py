@@ -9,7 +9,8 @@ Exception tree (each knows its HTTP status and error type)::
     ├── UpstreamError             502  the upstream failed or answered garbage
     │   ├── UpstreamTimeoutError  504  the upstream did not answer in time
     │   └── UpstreamStatusError   4xx/5xx  the engine refused a translated request
-    └── EngineUnavailableError    503  the managed engine is not ready
+    ├── EngineUnavailableError    503  the managed engine is not ready
+    └── AuthenticationError       401  no API key, or not one of toolpair's keys
 
 Each error is turned into bytes in exactly one place, :func:`error_body`, in
 the dialect of the route the client called (a Responses stream that already
@@ -25,6 +26,7 @@ from enum import StrEnum
 import orjson
 
 __all__ = [
+    "AuthenticationError",
     "BodyTooLargeError",
     "ClientInputError",
     "Dialect",
@@ -34,6 +36,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamStatusError",
     "UpstreamTimeoutError",
+    "dialect_for_path",
     "error_body",
     "error_event",
     "response_error",
@@ -46,6 +49,26 @@ class Dialect(StrEnum):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
     RESPONSES = "responses"
+
+
+def dialect_for_path(path: str) -> Dialect:
+    """The dialect a request path speaks, from its first segment after an optional ``/v1``.
+
+    Used where no handler has claimed the request yet (authentication), so a
+    refusal is still in the client's own error shape.
+
+    >>> dialect_for_path("/v1/messages/count_tokens"), dialect_for_path("/v1/responses")
+    (<Dialect.ANTHROPIC: 'anthropic'>, <Dialect.RESPONSES: 'responses'>)
+    >>> dialect_for_path("/v1/chat/completions"), dialect_for_path("/v1/messagesx")
+    (<Dialect.OPENAI: 'openai'>, <Dialect.OPENAI: 'openai'>)
+    """
+    segments = path.split("/")
+    first = segments[2] if len(segments) > 2 and segments[1] == "v1" else segments[1] if len(segments) > 1 else ""
+    if first == "messages":
+        return Dialect.ANTHROPIC
+    if first == "responses":
+        return Dialect.RESPONSES
+    return Dialect.OPENAI
 
 
 class ToolpairError(Exception):
@@ -131,6 +154,15 @@ class EngineUnavailableError(ToolpairError):
     openai_type = "engine_unavailable"
     anthropic_type = "overloaded_error"
     code = "engine_unavailable"
+
+
+class AuthenticationError(ToolpairError):
+    """Raised when a request carries no API key, or one that toolpair does not accept."""
+
+    status = 401
+    openai_type = "invalid_request_error"
+    anthropic_type = "authentication_error"
+    code = "invalid_api_key"
 
 
 def _error_object(error: ToolpairError, dialect: Dialect) -> dict[str, object]:

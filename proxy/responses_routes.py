@@ -22,7 +22,6 @@ from proxy.chat import decode_body
 from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
 from proxy.errors import Dialect, ToolpairError, UpstreamError
-from proxy.order import OrderReport
 from proxy.responses import (
     ResponsesPlan,
     ResponsesStream,
@@ -34,6 +33,7 @@ from proxy.responses import (
 )
 from proxy.responses_store import ResponseStore
 from proxy.server import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
+from proxy.trace import trace_of
 from proxy.upstream import forwardable_headers
 
 __all__ = ["RESPONSES_STORE", "register_responses_routes", "responses_mode"]
@@ -62,12 +62,6 @@ def responses_mode(settings: Settings) -> str:
     return mode
 
 
-def _log_report(report: OrderReport) -> None:
-    if report.runs:
-        kept = ",".join(f"{k}:{v}" for k, v in sorted(report.kept.items())) or "0"
-        log.info("responses: runs reordered=%d in_order=%d kept=%s", report.reordered, report.in_order, kept)
-
-
 def register_responses_routes(app: web.Application) -> None:
     """Add the Responses routes for this app's mode; call before the catch-all route."""
     settings = app[SETTINGS]
@@ -88,7 +82,7 @@ async def native_response(request: web.Request) -> web.StreamResponse:
     upstream = request.app[UPSTREAM]
     try:
         plan = plan_native_request(await read_body(request, settings.max_body_bytes))
-        _log_report(plan.report)
+        trace_of(request).order("responses", plan.report)
         headers = forwardable_headers(request.headers, ("accept-encoding",))
         async with request.app[ADMISSION](request):
             response = await upstream.open("POST", request.path_qs, headers, plan.body)
@@ -125,7 +119,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         plan = translate_request(data, history)
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
-    _log_report(plan.report)
+    trace_of(request).order("responses", plan.report)
     headers = _dropped(request, plan)
     engine_headers = {k: v for k, v in request.headers.items() if k.lower() in _ENGINE_HEADERS}
     response_id, created_at = "resp_" + uuid.uuid4().hex, int(time.time())

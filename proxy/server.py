@@ -14,11 +14,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import aiohttp
 from aiohttp import web
 
+from proxy.auth import keys_required
 from proxy.chat import plan_chat_request
 from proxy.config import Settings
 from proxy.errors import BodyTooLargeError, Dialect, ToolpairError, UpstreamError, error_body, error_event
-from proxy.order import OrderReport
+from proxy.operations import register_operations
 from proxy.sse import FrameSplitter
+from proxy.trace import trace_of
 from proxy.upstream import Upstream, forwardable_headers
 
 __all__ = ["ADMISSION", "Admission", "create_app", "error_response", "read_body", "relay", "SETTINGS", "UPSTREAM"]
@@ -73,17 +75,6 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         if len(body) > limit:
             raise BodyTooLargeError(f"request body is over the {limit}-byte limit")
     return bytes(body)
-
-
-def _log_report(route: str, report: OrderReport) -> None:
-    if report.runs:
-        log.info(
-            "%s: runs reordered=%d in_order=%d kept=%s",
-            route,
-            report.reordered,
-            report.in_order,
-            ",".join(f"{k}:{v}" for k, v in sorted(report.kept.items())) or "0",
-        )
 
 
 async def relay(
@@ -155,7 +146,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     upstream = request.app[UPSTREAM]
     try:
         plan = plan_chat_request(await read_body(request, settings.max_body_bytes))
-        _log_report("chat", plan.report)
+        trace_of(request).order("chat", plan.report)
         headers = forwardable_headers(request.headers, _API_DROP)
         async with request.app[ADMISSION](request):
             response = await upstream.open("POST", request.path_qs, headers, plan.body)
@@ -195,16 +186,19 @@ def create_app(
             settings.upstream,
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.upstream_read_timeout,
+            api_key=settings.upstream_api_key,
+            forward_credentials=not keys_required(settings),
         )
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[UPSTREAM] = upstream
     app[ADMISSION] = admission
     app.cleanup_ctx.append(_upstream_ctx)
+    register_operations(app, settings, upstream.base_url)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, chat_completions)
     from proxy.responses_routes import register_responses_routes  # imports this module
 
     register_responses_routes(app)
-    app.router.add_route("*", "/{tail:.*}", passthrough)
+    app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
     return app

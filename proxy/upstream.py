@@ -5,6 +5,14 @@ response head raise :class:`~proxy.errors.UpstreamError` or
 :class:`~proxy.errors.UpstreamTimeoutError`; so does :meth:`Upstream.chunks`
 when the body breaks off. There is no total timeout, because long generations
 are normal: only connecting, and silence between two reads, are bounded.
+
+Credentials for the next hop are decided here too, once: with ``api_key`` the
+engine gets ``Authorization: Bearer <api_key>`` and never the client's own
+``Authorization`` or ``x-api-key``; with ``forward_credentials=False`` (toolpair
+checks keys of its own) the client's are dropped and none are sent.
+
+Every request and response also passes the current request's
+:class:`~proxy.trace.Trace`, which notes time to first byte and token usage.
 """
 
 from __future__ import annotations
@@ -15,8 +23,9 @@ import aiohttp
 from multidict import CIMultiDict
 
 from proxy.errors import UpstreamError, UpstreamTimeoutError
+from proxy.trace import Trace, current_trace
 
-__all__ = ["HOP_BY_HOP", "Upstream", "forwardable_headers"]
+__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the ones aiohttp
 # recomputes for the new hop (Host, Content-Length).
@@ -36,6 +45,9 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+"""Where clients put their API key (OpenAI SDK: Bearer; Anthropic SDK: either)."""
 
 
 def forwardable_headers(headers: Mapping[str, str], drop: Iterable[str] = ()) -> CIMultiDict[str]:
@@ -58,8 +70,12 @@ class Upstream:
         *,
         connect_timeout: float = 10.0,
         read_timeout: float | None = None,
+        api_key: str | None = None,
+        forward_credentials: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._forward_credentials = forward_credentials
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
 
@@ -92,6 +108,10 @@ class Upstream:
         """
         if self._session is None:
             raise UpstreamError(f"upstream {self.base_url} is not started")
+        trace = current_trace()
+        headers = self._next_hop_headers(headers, trace)
+        if trace is not None:
+            trace.upstream_request(body)
         try:
             return await self._session.request(
                 method, self.base_url + path_qs, headers=headers, data=body, allow_redirects=False
@@ -105,17 +125,30 @@ class Upstream:
 
     async def read(self, response: aiohttp.ClientResponse) -> bytes:
         """The whole body; a broken or silent upstream raises an UpstreamError."""
-        try:
-            return await response.read()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise UpstreamTimeoutError(f"upstream {self.base_url} stopped sending") from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(f"upstream {self.base_url} broke off the response: {exc}") from exc
+        return b"".join([chunk async for chunk in self.chunks(response)])
+
+    def _next_hop_headers(self, headers: Mapping[str, str], trace: Trace | None) -> Mapping[str, str]:
+        """The caller's headers with this upstream's credential policy and the request id applied."""
+        if self._api_key is None and self._forward_credentials and trace is None:
+            return headers
+        out = CIMultiDict(headers)
+        if self._api_key is not None or not self._forward_credentials:
+            for name in CREDENTIAL_HEADERS:
+                out.popall(name, None)
+        if self._api_key is not None:
+            out["Authorization"] = f"Bearer {self._api_key}"
+        if trace is not None:
+            out["X-Request-ID"] = trace.request_id
+        return out
 
     async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         """Yield the body as it arrives; a broken or silent upstream raises an UpstreamError."""
+        trace = current_trace()
+        watch = None if trace is None else trace.watch(response.content_type, response.headers.get("Content-Encoding"))
         try:
             async for chunk in response.content.iter_any():
+                if watch is not None:
+                    watch.feed(chunk)
                 yield chunk
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeoutError(f"upstream {self.base_url} stopped sending") from exc

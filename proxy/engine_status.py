@@ -1,0 +1,35 @@
+"""What the managed engine reports about itself, for ``/metrics`` and ``/toolpair/status``.
+
+The serve path sets ``app[ENGINE_PROBE]`` to a function that returns an
+:class:`EngineSnapshot`; scrapes and status requests call it, so state and
+restart counts are read when asked, never pushed. In sidecar mode nothing sets
+it: the engine fields are ``null`` and no engine metrics are exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+__all__ = ["ENGINE_PROBE", "ENGINE_STATES", "EngineProbe", "EngineSnapshot"]
+
+ENGINE_STATES = ("stopped", "starting", "ready", "stopping", "shutdown")
+"""States always exported (0 or 1) so a dashboard sees each series; others are added as reported."""
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """One reading of the managed engine."""
+
+    state: str
+    restarts: int = 0
+    backend: str | None = None
+    model: str | None = None
+    queue_depth: int | None = None
+    """Requests waiting for admission right now; None where there is no queue."""
+
+
+EngineProbe = Callable[[], EngineSnapshot]
+ENGINE_PROBE: web.AppKey[EngineProbe] = web.AppKey("engine_probe")
