@@ -11,6 +11,8 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
+from proxy.engine_plan import TOOL_CALL_FORMATS
+from proxy.engines import EngineKind
 
 __all__ = ["build_parser", "main"]
 
@@ -31,6 +33,19 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
 
 
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine-kind",
+        choices=[kind.value for kind in EngineKind],
+        help="what the upstream is, which decides what toolpair adapts (default generic: nothing)",
+    )
+    parser.add_argument(
+        "--tool-call-format",
+        choices=TOOL_CALL_FORMATS,
+        help="how the model writes tool calls, for engines that return them as text (default auto)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolpair", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -48,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     proxy.add_argument("--upstream", metavar="URL", help="base URL of the engine, e.g. http://127.0.0.1:8080")
+    _add_engine_options(proxy)
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
     return parser
@@ -67,7 +83,7 @@ def _setup_logging(level: str) -> None:
 def _run_proxy(args: argparse.Namespace) -> int:
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream")
+    settings = _settings(args, "upstream", "engine_kind", "tool_call_format")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings.log_level)

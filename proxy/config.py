@@ -42,6 +42,12 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     # logging
     log_level: str = "info"
+    # engine adaptation and tool-call extraction (issue 4)
+    engine_kind: str = "generic"
+    tool_call_format: str = "auto"
+    reasoning: bool = True
+    think_in_prompt: bool = False
+    vision: bool = False
 
 
 def _field_types() -> dict[str, Any]:

@@ -14,19 +14,31 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from proxy.chat import plan_chat_request
 from proxy.config import Settings
+from proxy.engine_plan import EngineSetup, engine_setup, plan_engine_request
+from proxy.engine_relay import relay_rewritten
 from proxy.errors import BodyTooLargeError, Dialect, ToolpairError, UpstreamError, error_body, error_event
 from proxy.order import OrderReport
 from proxy.sse import FrameSplitter
 from proxy.upstream import Upstream, forwardable_headers
 
-__all__ = ["ADMISSION", "Admission", "create_app", "error_response", "read_body", "relay", "SETTINGS", "UPSTREAM"]
+__all__ = [
+    "ADMISSION",
+    "ENGINE",
+    "Admission",
+    "create_app",
+    "error_response",
+    "read_body",
+    "relay",
+    "SETTINGS",
+    "UPSTREAM",
+]
 
 log = logging.getLogger("toolpair")
 
 SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", Upstream)
+ENGINE = web.AppKey("engine", EngineSetup)
 
 Admission = Callable[[web.Request], AbstractAsyncContextManager[None]]
 """Held around each upstream call, response included: where a queue or an
@@ -140,12 +152,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     upstream = request.app[UPSTREAM]
     try:
-        plan = plan_chat_request(await read_body(request, settings.max_body_bytes))
-        _log_report("chat", plan.report)
+        engine = request.app[ENGINE]
+        plan = plan_engine_request(await read_body(request, settings.max_body_bytes), engine)
+        _log_report("chat", plan.order)
         headers = forwardable_headers(request.headers, _API_DROP)
         async with request.app[ADMISSION](request):
             response = await upstream.open("POST", request.path_qs, headers, plan.body)
-            return await relay(request, upstream, response, Dialect.OPENAI, raw=False)
+            if plan.reply is None or response.status >= 400:
+                return await relay(request, upstream, response, Dialect.OPENAI, raw=False)
+            return await relay_rewritten(request, upstream, response, plan, engine, headers)
     except ToolpairError as exc:
         return error_response(exc, Dialect.OPENAI)
 
@@ -185,6 +200,7 @@ def create_app(
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[UPSTREAM] = upstream
+    app[ENGINE] = upstream.engine = engine_setup(settings)
     app[ADMISSION] = admission
     app.cleanup_ctx.append(_upstream_ctx)
     for path in ("/v1/chat/completions", "/chat/completions"):

@@ -10,11 +10,15 @@ are normal: only connecting, and silence between two reads, are bounded.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import aiohttp
 from multidict import CIMultiDict
 
 from proxy.errors import UpstreamError, UpstreamTimeoutError
+
+if TYPE_CHECKING:
+    from proxy.engine_plan import EngineSetup
 
 __all__ = ["HOP_BY_HOP", "Upstream", "forwardable_headers"]
 
@@ -60,6 +64,8 @@ class Upstream:
         read_timeout: float | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.engine: EngineSetup | None = None
+        """What kind of engine this is (set by the app): chat calls adapt to it."""
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
 

@@ -1,0 +1,163 @@
+"""Relay an engine reply that toolpair rewrites: tool calls and reasoning lifted out, usage added.
+
+Used instead of the byte relay when the plan (:mod:`proxy.engine_plan`) says
+the reply needs work. A JSON reply is read whole and rewritten. A stream goes
+through three sync stages, each fed as bytes arrive: :class:`EventDecoder`
+(bytes to events), :class:`ChunkExtractor` (chunk dicts to chunk dicts), and
+the encoder; every write is awaited inside the read loop, so a slow client
+slows the engine down instead of filling memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy._types import Body
+from proxy.engine_plan import EnginePlan, EngineSetup, ReplyPlan
+from proxy.errors import Dialect, UpstreamError, error_event
+from proxy.sse import EventDecoder
+from proxy.stream_usage import count_usage, usage_chunk
+from proxy.toolcalls import ChunkExtractor, extract_completion
+from proxy.upstream import Upstream, forwardable_headers
+
+__all__ = ["relay_rewritten"]
+
+log = logging.getLogger("toolpair")
+
+# Headers that no longer describe the body once it is rewritten.
+_REWRITE_DROP = ("content-length", "content-encoding")
+_DONE = b"data: [DONE]\n\n"
+_KEEPALIVE = b": keepalive\n\n"
+
+
+def _frame(chunk: Body) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+async def _read_json(upstream: Upstream, response: aiohttp.ClientResponse) -> Body:
+    raw = b"".join([chunk async for chunk in upstream.chunks(response)])
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise UpstreamError(f"upstream {upstream.base_url} answered with invalid JSON") from None
+    if not isinstance(data, dict):
+        raise UpstreamError(f"upstream {upstream.base_url} answered with a non-object")
+    return data
+
+
+class StreamRewriter:
+    """Engine SSE bytes in, rewritten SSE frames out; usage is asked for at ``[DONE]``.
+
+    The sync part (:meth:`feed`) returns frames and whether the stream is done;
+    the caller then awaits :meth:`tail` for the frames that end it.
+    """
+
+    def __init__(self, plan: ReplyPlan) -> None:
+        self.extractor = ChunkExtractor(plan.extract, keep_text=plan.usage)
+        self._decoder = EventDecoder()
+        self.done = False
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        frames: list[bytes] = []
+        events = self._decoder.feed(raw)
+        if not events and raw.startswith(b":"):
+            frames.append(_KEEPALIVE)  # the engine's ping, kept so idle clients do not time out
+        for event in events:
+            if self.done:
+                break
+            if event.data == "[DONE]":
+                frames.extend(_frame(c) for c in self.extractor.finish())
+                self.done = True
+                break
+            try:
+                chunk = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                raise UpstreamError("upstream sent a malformed event") from None
+            if not isinstance(chunk, dict):
+                raise UpstreamError("upstream sent a malformed event")
+            if "error" in chunk and "choices" not in chunk:
+                frames.append(b"data: " + event.data.encode() + b"\n\n")  # the engine's own in-band error
+                continue
+            frames.extend(_frame(c) for c in self.extractor.feed(chunk))
+        return frames
+
+    def finish(self) -> list[bytes]:
+        """End of input without ``[DONE]``: flush what the extractor holds."""
+        self._decoder.finish()
+        return [] if self.done else [_frame(c) for c in self.extractor.finish()]
+
+
+async def relay_rewritten(
+    request: web.Request,
+    upstream: Upstream,
+    response: aiohttp.ClientResponse,
+    plan: EnginePlan,
+    setup: EngineSetup,
+    headers: Mapping[str, str],
+) -> web.StreamResponse:
+    """Carry out ``plan.reply`` on a successful engine response (the caller relays errors as they are)."""
+    assert plan.reply is not None
+    out_headers = forwardable_headers(response.headers, _REWRITE_DROP)
+    if response.content_type != "text/event-stream":
+        try:
+            data = await _read_json(upstream, response)
+        finally:
+            response.close()
+        body = orjson.dumps(extract_completion(data, plan.reply.extract))
+        return web.Response(status=response.status, reason=response.reason, headers=out_headers, body=body)
+    out_headers["Cache-Control"] = "no-cache"
+    out_headers["X-Accel-Buffering"] = "no"
+    out = web.StreamResponse(status=response.status, reason=response.reason, headers=out_headers)
+    rewriter = StreamRewriter(plan.reply)
+    try:
+        await out.prepare(request)
+        complete = False
+        try:
+            async for raw in upstream.chunks(response):
+                frames = rewriter.feed(raw)
+                if frames:
+                    await out.write(b"".join(frames))
+                if rewriter.done:
+                    break
+            complete = True
+        finally:
+            if complete:
+                response.release()
+            else:
+                response.close()
+        frames = rewriter.finish()
+        if rewriter.done:
+            frames.extend(await _usage_frames(request, upstream, plan, setup, headers, rewriter))
+            frames.append(_DONE)
+        if frames:
+            await out.write(b"".join(frames))
+    except UpstreamError as exc:
+        log.warning("%s %s: %s", request.method, request.path, exc.message)
+        await out.write(error_event(exc, Dialect.OPENAI))
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.info("%s %s: client went away", request.method, request.path)
+        return out
+    await out.write_eof()
+    return out
+
+
+async def _usage_frames(
+    request: web.Request,
+    upstream: Upstream,
+    plan: EnginePlan,
+    setup: EngineSetup,
+    headers: Mapping[str, str],
+    rewriter: StreamRewriter,
+) -> list[bytes]:
+    assert plan.reply is not None
+    extractor = rewriter.extractor
+    count_path = setup.profile.token_count_path
+    if not plan.reply.usage or extractor.usage_seen or count_path is None:
+        return []
+    usage = await count_usage(upstream, request.path_qs, count_path, headers, plan.data, "".join(extractor.text))
+    return [] if usage is None else [_frame(usage_chunk(extractor.head, usage))]
