@@ -39,7 +39,7 @@ def _frame(chunk: Body) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-async def _read_json(upstream: Upstream, response: aiohttp.ClientResponse) -> Body:
+async def _read_json(upstream: Upstream, response: aiohttp.ClientResponse) -> tuple[bytes, Body]:
     raw = b"".join([chunk async for chunk in upstream.chunks(response)])
     try:
         data = orjson.loads(raw)
@@ -47,7 +47,7 @@ async def _read_json(upstream: Upstream, response: aiohttp.ClientResponse) -> Bo
         raise UpstreamError(f"upstream {upstream.base_url} answered with invalid JSON") from None
     if not isinstance(data, dict):
         raise UpstreamError(f"upstream {upstream.base_url} answered with a non-object")
-    return data
+    return raw, data
 
 
 class StreamRewriter:
@@ -65,8 +65,10 @@ class StreamRewriter:
     def feed(self, raw: bytes) -> list[bytes]:
         frames: list[bytes] = []
         events = self._decoder.feed(raw)
-        if not events and raw.startswith(b":"):
-            frames.append(_KEEPALIVE)  # the engine's ping, kept so idle clients do not time out
+        if not events and raw:
+            # Bytes came (a ping, part of a frame) but nothing goes out yet: say so, so a
+            # client's read timeout sees the engine is alive (as the engine's own pings do).
+            frames.append(_KEEPALIVE)
         for event in events:
             if self.done:
                 break
@@ -105,10 +107,11 @@ async def relay_rewritten(
     out_headers = forwardable_headers(response.headers, _REWRITE_DROP)
     if response.content_type != "text/event-stream":
         try:
-            data = await _read_json(upstream, response)
+            raw, data = await _read_json(upstream, response)
         finally:
             response.close()
-        body = orjson.dumps(extract_completion(data, plan.reply.extract))
+        extracted = extract_completion(data, plan.reply.extract)
+        body = raw if extracted is data else orjson.dumps(extracted)  # nothing found: the engine's own bytes
         return web.Response(status=response.status, reason=response.reason, headers=out_headers, body=body)
     out_headers["Cache-Control"] = "no-cache"
     out_headers["X-Accel-Buffering"] = "no"

@@ -85,9 +85,12 @@ class Step:
     ``calls`` are the calls completed by this step. ``state`` is ``more`` (the
     block is undecided: keep the text), ``done`` (the block ended at
     ``consumed``) or ``fail`` (malformed from ``consumed`` on: that text is
-    plain content; with ``consumed == 0`` and no call so far, the marker too).
+    plain content; with ``consumed == 0`` and no call so far, the marker too,
+    and the first ``literal`` characters after it are not searched for markers
+    again).
     """
 
     state: StepState
     consumed: int = 0
     calls: list[ParsedCall] = field(default_factory=list)
+    literal: int = 0

@@ -45,15 +45,16 @@ class TaggedCallParser:
         self._tools = tools
         self._reader: ValueReader | FunctionReader | None = FunctionReader(0, tools) if after_function_tag else None
         self._end: int | None = None
+        self._literal = 0  # a <function= inside this block is part of it, even when the block fails
 
     def step(self, text: str, final: bool) -> Step:
         if self._end is None:
             try:
                 read = self._read(text, final)
             except ValueError:
-                return Step("fail")
+                return Step("fail", literal=self._literal)
             if read is None:
-                return Step("fail") if final else Step("more")
+                return Step("fail", literal=self._literal) if final else Step("more")
             self._end, call = read
             return self._closing(text, final, [call])
         return self._closing(text, final, [])
@@ -66,6 +67,7 @@ class TaggedCallParser:
                 self._reader = ValueReader(pos)
             elif head.startswith(FUNCTION_OPEN):
                 self._reader = FunctionReader(pos + len(FUNCTION_OPEN), self._tools)
+                self._literal = pos + len(FUNCTION_OPEN)
             elif final or not FUNCTION_OPEN.startswith(head):
                 raise ValueError("neither a JSON object nor <function= after <tool_call>")
             else:

@@ -240,8 +240,10 @@ class TextExtractor:
                 text = self._marker + self._buffer
                 log.warning("malformed %s tool call kept as text: %.200r", self._options.calls, text)
             if step.consumed == 0 and self._block_calls == 0:
-                if self._marker:
-                    out.append(Content(self._marker))
+                literal = self._marker + self._buffer[: step.literal]
+                if literal:
+                    out.append(Content(literal))
+                self._buffer = self._buffer[step.literal :]
             else:
                 self._buffer = self._buffer[step.consumed :]
         self._parser, self._phase, self._marker = None, "content", ""
