@@ -25,6 +25,7 @@ from multidict import CIMultiDict
 from proxy._types import Body
 from proxy.adapt import adapt_chat_request
 from proxy.engine_plan import GENERIC, EngineSetup, reply_plan
+from proxy.engine_replies import decode_chunk, read_json_object
 from proxy.errors import UpstreamError, UpstreamStatusError
 from proxy.order import OrderReport, order_chat_results
 from proxy.sse import EventDecoder
@@ -103,16 +104,7 @@ async def chat_completion(
     adapted, setup = _adapted(upstream, body, engine, stream=False)
     plan = reply_plan(adapted, setup)
     response = await _open(upstream, adapted, _headers(headers))
-    try:
-        raw = b"".join([chunk async for chunk in upstream.chunks(response)])
-    finally:
-        response.close()
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise UpstreamError(f"upstream {upstream.base_url} answered with invalid JSON") from None
-    if not isinstance(data, dict):
-        raise UpstreamError(f"upstream {upstream.base_url} answered with a non-object")
+    _, data = await read_json_object(upstream, response)
     return data if plan is None else extract_completion(data, plan.extract)
 
 
@@ -143,12 +135,7 @@ async def chat_stream(
                 if event.data == "[DONE]":
                     done = True
                     break
-                try:
-                    data = orjson.loads(event.data)
-                except orjson.JSONDecodeError:
-                    raise UpstreamError(f"upstream {upstream.base_url} sent a malformed event") from None
-                if not isinstance(data, dict):
-                    raise UpstreamError(f"upstream {upstream.base_url} sent a malformed event")
+                data = decode_chunk(event.data, upstream.base_url)
                 if "error" in data and "choices" not in data:
                     raise UpstreamError(f"upstream error: {_engine_message(event.data.encode())}")
                 for chunk in extractor.feed(data) if extractor is not None else (data,):

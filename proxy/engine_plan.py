@@ -86,23 +86,25 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
     True
     """
     profile = setup.profile
-    tools = _function_tools(body)
     fmt = setup.tool_call_format
-    wants_calls = bool(tools) and body.get("tool_choice") != "none"
-    calls = None if fmt == "none" or not wants_calls or (fmt == "auto" and profile.parses_tool_calls) else fmt
+    reads_calls = fmt != "none" and not (fmt == "auto" and profile.parses_tool_calls)
+    reasoning = setup.reasoning and not profile.splits_reasoning
+    stream_options = body.get("stream_options")
+    usage = (
+        not profile.stream_usage
+        and body.get("stream") is True
+        and isinstance(stream_options, dict)
+        and stream_options.get("include_usage") is True
+    )
+    if not (reads_calls or reasoning or usage):
+        return None  # the generic kind's path: no look at the tools
+    tools = _function_tools(body) if reads_calls and body.get("tool_choice") != "none" else {}
     options = ExtractOptions(
-        calls=calls,
-        reasoning=setup.reasoning and not profile.splits_reasoning,
+        calls=fmt if tools else None,
+        reasoning=reasoning,
         think_open=setup.think_in_prompt,
         parallel=body.get("parallel_tool_calls") is not False,
         tools=tools,
-    )
-    stream_options = body.get("stream_options")
-    usage = (
-        body.get("stream") is True
-        and isinstance(stream_options, dict)
-        and stream_options.get("include_usage") is True
-        and not profile.stream_usage
     )
     if not options.active and not usage:
         return None

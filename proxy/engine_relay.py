@@ -19,10 +19,11 @@ from aiohttp import web
 
 from proxy._types import Body
 from proxy.engine_plan import EnginePlan, EngineSetup, ReplyPlan
+from proxy.engine_replies import decode_chunk, read_json_object
 from proxy.errors import Dialect, UpstreamError, error_event
 from proxy.sse import EventDecoder
 from proxy.stream_usage import count_usage, usage_chunk
-from proxy.toolcalls import ChunkExtractor, extract_completion
+from proxy.toolcalls import ChunkExtractor, IdSource, extract_completion, random_call_id
 from proxy.upstream import Upstream, forwardable_headers
 
 __all__ = ["relay_rewritten"]
@@ -39,17 +40,6 @@ def _frame(chunk: Body) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-async def _read_json(upstream: Upstream, response: aiohttp.ClientResponse) -> tuple[bytes, Body]:
-    raw = b"".join([chunk async for chunk in upstream.chunks(response)])
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise UpstreamError(f"upstream {upstream.base_url} answered with invalid JSON") from None
-    if not isinstance(data, dict):
-        raise UpstreamError(f"upstream {upstream.base_url} answered with a non-object")
-    return raw, data
-
-
 class StreamRewriter:
     """Engine SSE bytes in, rewritten SSE frames out; usage is asked for at ``[DONE]``.
 
@@ -57,8 +47,9 @@ class StreamRewriter:
     the caller then awaits :meth:`tail` for the frames that end it.
     """
 
-    def __init__(self, plan: ReplyPlan) -> None:
-        self.extractor = ChunkExtractor(plan.extract, keep_text=plan.usage)
+    def __init__(self, plan: ReplyPlan, source: str, ids: IdSource = random_call_id) -> None:
+        self.extractor = ChunkExtractor(plan.extract, ids, keep_text=plan.usage)
+        self._source = source
         self._decoder = EventDecoder()
         self.done = False
 
@@ -76,12 +67,7 @@ class StreamRewriter:
                 frames.extend(_frame(c) for c in self.extractor.finish())
                 self.done = True
                 break
-            try:
-                chunk = orjson.loads(event.data)
-            except orjson.JSONDecodeError:
-                raise UpstreamError("upstream sent a malformed event") from None
-            if not isinstance(chunk, dict):
-                raise UpstreamError("upstream sent a malformed event")
+            chunk = decode_chunk(event.data, self._source)
             if "error" in chunk and "choices" not in chunk:
                 frames.append(b"data: " + event.data.encode() + b"\n\n")  # the engine's own in-band error
                 continue
@@ -106,17 +92,14 @@ async def relay_rewritten(
     assert plan.reply is not None
     out_headers = forwardable_headers(response.headers, _REWRITE_DROP)
     if response.content_type != "text/event-stream":
-        try:
-            raw, data = await _read_json(upstream, response)
-        finally:
-            response.close()
+        raw, data = await read_json_object(upstream, response)
         extracted = extract_completion(data, plan.reply.extract)
         body = raw if extracted is data else orjson.dumps(extracted)  # nothing found: the engine's own bytes
         return web.Response(status=response.status, reason=response.reason, headers=out_headers, body=body)
     out_headers["Cache-Control"] = "no-cache"
     out_headers["X-Accel-Buffering"] = "no"
     out = web.StreamResponse(status=response.status, reason=response.reason, headers=out_headers)
-    rewriter = StreamRewriter(plan.reply)
+    rewriter = StreamRewriter(plan.reply, upstream.base_url)
     try:
         await out.prepare(request)
         complete = False

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 from multidict import CIMultiDict
 
 from proxy._types import Body
+from proxy.engine_replies import read_json_object
 from proxy.errors import UpstreamError
 from proxy.upstream import Upstream
 
@@ -38,25 +38,19 @@ log = logging.getLogger("toolpair")
 _REPLAY_DROP = ("stream", "stream_options", "max_completion_tokens", "min_tokens", "n")
 
 
-async def _post(upstream: Upstream, path: str, headers: Mapping[str, str], body: Body) -> Any:
+async def _post(upstream: Upstream, path: str, headers: Mapping[str, str], body: Body) -> Body:
     merged = CIMultiDict(headers)
     merged["Content-Type"] = "application/json"
     response = await upstream.open("POST", path, merged, orjson.dumps(body))
-    try:
-        raw = b"".join([chunk async for chunk in upstream.chunks(response)])
-    finally:
-        response.close()
     if response.status != 200:
+        response.close()
         raise UpstreamError(f"{path} answered {response.status}")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise UpstreamError(f"{path} answered invalid JSON") from None
+    return (await read_json_object(upstream, response))[1]
 
 
 async def _count(upstream: Upstream, path: str, headers: Mapping[str, str], text: str) -> int:
     counted = await _post(upstream, path, headers, {"input": text})
-    count = counted.get("count") if isinstance(counted, dict) else None
+    count = counted.get("count")
     if not isinstance(count, int):
         raise UpstreamError(f"{path} answered no count")
     return count
@@ -75,7 +69,7 @@ async def count_usage(
     replay.update(stream=False, max_tokens=1)
     try:
         reply = await _post(upstream, chat_path, headers, replay)
-        usage = reply.get("usage") if isinstance(reply, dict) else None
+        usage = reply.get("usage")
         prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         if not isinstance(prompt, int):
             raise UpstreamError(f"{chat_path} answered no usage")

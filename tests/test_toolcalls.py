@@ -243,8 +243,7 @@ def sse(chunks: list[dict[str, Any]]) -> bytes:
 
 
 def rewrite(pieces: list[bytes], plan: ReplyPlan) -> list[dict[str, Any]]:
-    rewriter = StreamRewriter(plan)
-    rewriter.extractor = ChunkExtractor(plan.extract, counting_ids())
+    rewriter = StreamRewriter(plan, "http://engine", counting_ids())
     frames = [f for piece in pieces for f in rewriter.feed(piece)] + rewriter.finish()
     raw = b"".join(frames)
     assert raw.endswith(b"\n\n") and rewriter.done
