@@ -6,7 +6,7 @@ testing engine names. A column that is ``True`` means "the engine copes, leave
 the request (or the reply) alone".
 
 Facts for ``llama-cpp-python`` were checked against its 0.3.36 server with the
-bundled model (``tests/test_engine_adaptation_real.py`` shows each one): its
+bundled model (``tests/test_engine_real.py`` shows each one): its
 request model is a set of pydantic TypedDicts, and any mismatch is an HTTP 500.
 
 - assistant ``content: null`` -> 500 (the field is ``NotRequired[str]``);

@@ -155,6 +155,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         engine = request.app[ENGINE]
         plan = plan_engine_request(await read_body(request, settings.max_body_bytes), engine)
         _log_report("chat", plan.order)
+        if plan.adapted:
+            log.debug("chat: adapted for %s: %s", engine.profile.kind, ", ".join(plan.adapted))
         headers = forwardable_headers(request.headers, _API_DROP)
         async with request.app[ADMISSION](request):
             response = await upstream.open("POST", request.path_qs, headers, plan.body)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from proxy.engine_plan import ReplyPlan
 from proxy.engine_relay import StreamRewriter
 from proxy.toolcalls import (
+    TOOL_CALL_STATS,
     ChunkExtractor,
     Content,
     Event,
@@ -92,6 +93,16 @@ def test_parallel_off_counts_what_it_drops() -> None:
     events, extractor = run(case, [case.text])
     assert [e.index for e in events if isinstance(e, ToolCall)] == [0]
     assert extractor.dropped == 1
+
+
+def test_outcomes_are_counted_for_metrics() -> None:
+    before = TOOL_CALL_STATS.copy()
+    for case_id in ("hermes-two-with-text", "hermes-malformed-json", "hermes-parallel-off"):
+        case = next(c for c in CASES if c.id == case_id)
+        run(case, [case.text])
+    assert TOOL_CALL_STATS["calls"] - before["calls"] == 3
+    assert TOOL_CALL_STATS["malformed"] - before["malformed"] == 1
+    assert TOOL_CALL_STATS["dropped"] - before["dropped"] == 1
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_ids)

@@ -11,10 +11,11 @@ from proxy.toolcalls._chunks import ChunkExtractor, extract_completion
 from proxy.toolcalls._detect import detect_tool_call_format, template_opens_think
 from proxy.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
 from proxy.toolcalls._qwen3coder import convert_value
-from proxy.toolcalls._text import FORMATS, ExtractOptions, TextExtractor
+from proxy.toolcalls._text import FORMATS, TOOL_CALL_STATS, ExtractOptions, TextExtractor
 
 __all__ = [
     "FORMATS",
+    "TOOL_CALL_STATS",
     "ChunkExtractor",
     "Content",
     "Event",

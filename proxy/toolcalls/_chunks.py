@@ -13,7 +13,6 @@ call was found; ``length`` stays, so a cut-off reply still says so.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from proxy._types import Body
@@ -22,17 +21,9 @@ from proxy.toolcalls._text import ExtractOptions, TextExtractor
 
 __all__ = ["ChunkExtractor", "extract_completion"]
 
-log = logging.getLogger("toolpair.toolcalls")
-
 
 def _finish_reason(reason: Any, extractor: TextExtractor) -> Any:
     return "tool_calls" if reason == "stop" and extractor.calls else reason
-
-
-def _report(extractor: TextExtractor) -> None:
-    if extractor.malformed or extractor.dropped:
-        log.info("tool calls: %d found, %d malformed kept as text, %d dropped (parallel_tool_calls false)",
-                 extractor.calls, extractor.malformed, extractor.dropped)  # fmt: skip
 
 
 class ChunkExtractor:
@@ -52,7 +43,6 @@ class ChunkExtractor:
         self._keep_text = keep_text
         self.text: list[str] = []
         self.usage_seen = False
-        self.malformed = 0
 
     @property
     def head(self) -> Body:
@@ -129,10 +119,7 @@ class ChunkExtractor:
         if index in self._finished:
             return []
         self._finished.add(index)
-        events = extractor.finish()
-        self.malformed += extractor.malformed
-        _report(extractor)
-        return events
+        return extractor.finish()
 
     def finish(self) -> list[Body]:
         """End of the stream: whatever a choice still holds goes out (the engine sent no finish_reason)."""
@@ -148,7 +135,6 @@ def _extract_message(message: Body, options: ExtractOptions, ids: IdSource) -> t
         return None
     extractor = TextExtractor(options, ids)
     events = extractor.feed(content) + extractor.finish()
-    _report(extractor)
     text = "".join(e.text for e in events if isinstance(e, Content))
     reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
     calls = [e for e in events if isinstance(e, ToolCall)]
