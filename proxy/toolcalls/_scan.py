@@ -29,11 +29,14 @@ def held_suffix(text: str, markers: Iterable[str]) -> int:
     (8, 0)
     """
     longest = 0
+    size = len(text)
     for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:size]):
-                longest = size
+        start = text.find(marker[0], max(0, size - len(marker) + 1))
+        while 0 <= start < size - longest:
+            if marker.startswith(text[start:]):
+                longest = size - start
                 break
+            start = text.find(marker[0], start + 1)
     return longest
 
 
