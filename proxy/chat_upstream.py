@@ -15,7 +15,7 @@ sends none. The engine is the one bound to ``upstream`` by the app
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -92,9 +92,9 @@ async def _open(upstream: Upstream, body: Body, headers: Mapping[str, str]) -> a
 async def chat_completion(
     upstream: Upstream,
     body: Body,
+    headers: Mapping[str, str] | None = None,
     *,
     engine: EngineSetup | None = None,
-    headers: Mapping[str, str] | None = None,
 ) -> Body:
     """One non-streaming completion, as a dict; ``headers`` are sent too (e.g. Authorization).
 
@@ -111,10 +111,10 @@ async def chat_completion(
 async def chat_stream(
     upstream: Upstream,
     body: Body,
+    headers: Mapping[str, str] | None = None,
     *,
     engine: EngineSetup | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> AsyncIterator[Body]:
+) -> AsyncGenerator[Body, None]:
     """Stream a completion as chunk dicts; stops at ``[DONE]`` or end of stream.
 
     A broken stream, a malformed event or an error event raises an

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from proxy.engine_plan import ReplyPlan
 from proxy.engine_relay import StreamRewriter
 from proxy.toolcalls import (
-    TOOL_CALL_STATS,
     ChunkExtractor,
     Content,
     Event,
@@ -95,14 +94,15 @@ def test_parallel_off_counts_what_it_drops() -> None:
     assert extractor.dropped == 1
 
 
-def test_outcomes_are_counted_for_metrics() -> None:
-    before = TOOL_CALL_STATS.copy()
+def test_each_reply_reports_its_counts_stream_and_not() -> None:
+    heard: list[tuple[int, int]] = []
     for case_id in ("hermes-two-with-text", "hermes-malformed-json", "hermes-parallel-off"):
         case = next(c for c in CASES if c.id == case_id)
-        run(case, [case.text])
-    assert TOOL_CALL_STATS["calls"] - before["calls"] == 3
-    assert TOOL_CALL_STATS["malformed"] - before["malformed"] == 1
-    assert TOOL_CALL_STATS["dropped"] - before["dropped"] == 1
+        extract_completion(completion_of(case, raw=True), options(case), note=lambda *n: heard.append(n))
+        extractor = ChunkExtractor(options(case), note=lambda *n: heard.append(n))
+        for chunk in engine_chunks(case.text, 5):
+            extractor.feed(chunk)
+    assert heard == [(2, 0), (2, 0), (0, 1), (0, 1), (1, 0), (1, 0)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_ids)
@@ -193,14 +193,14 @@ def engine_chunks(text: str, size: int) -> list[dict[str, Any]]:
     return chunks
 
 
-def completion_of(case: Case) -> dict[str, Any]:
-    """The non-stream reply the engine would give, after extraction."""
+def completion_of(case: Case, raw: bool = False) -> dict[str, Any]:
+    """The non-stream reply the engine gives, after extraction unless ``raw``."""
     completion = {
         "id": "chatcmpl-1",
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": case.text}, "finish_reason": "stop"}],
     }
-    return extract_completion(completion, options(case), counting_ids())
+    return completion if raw else extract_completion(completion, options(case), counting_ids())
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_ids)

@@ -7,20 +7,20 @@ The core is :class:`TextExtractor`, a stream transducer over text;
 :func:`extract_completion` to a whole reply.
 """
 
-from proxy.toolcalls._chunks import ChunkExtractor, extract_completion
+from proxy.toolcalls._chunks import ChunkExtractor, Note, extract_completion
 from proxy.toolcalls._detect import detect_tool_call_format, template_opens_think
 from proxy.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
 from proxy.toolcalls._qwen3coder import convert_value
-from proxy.toolcalls._text import FORMATS, TOOL_CALL_STATS, ExtractOptions, TextExtractor
+from proxy.toolcalls._text import FORMATS, ExtractOptions, TextExtractor
 
 __all__ = [
     "FORMATS",
-    "TOOL_CALL_STATS",
     "ChunkExtractor",
     "Content",
     "Event",
     "ExtractOptions",
     "IdSource",
+    "Note",
     "Reasoning",
     "TextExtractor",
     "ToolCall",

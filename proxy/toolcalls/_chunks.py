@@ -13,13 +13,17 @@ call was found; ``length`` stays, so a cut-off reply still says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proxy._types import Body
 from proxy.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
 from proxy.toolcalls._text import ExtractOptions, TextExtractor
 
-__all__ = ["ChunkExtractor", "extract_completion"]
+__all__ = ["ChunkExtractor", "Note", "extract_completion"]
+
+Note = Callable[[int, int], None]
+"""Told, for each finished reply, how many calls were extracted and how many call texts were malformed."""
 
 
 def _finish_reason(reason: Any, extractor: TextExtractor) -> Any:
@@ -31,11 +35,20 @@ class ChunkExtractor:
 
     ``text`` keeps every piece of raw content the engine produced (for
     counting tokens when the engine reports no usage); ``usage_seen`` says
-    whether the engine sent usage itself.
+    whether the engine sent usage itself; ``note`` hears each choice's counts
+    when it ends.
     """
 
-    def __init__(self, options: ExtractOptions, ids: IdSource = random_call_id, *, keep_text: bool = False) -> None:
+    def __init__(
+        self,
+        options: ExtractOptions,
+        ids: IdSource = random_call_id,
+        *,
+        keep_text: bool = False,
+        note: Note | None = None,
+    ) -> None:
         self._options = options
+        self._note = note
         self._ids = ids
         self._choices: dict[Any, TextExtractor] = {}
         self._finished: set[Any] = set()
@@ -119,7 +132,10 @@ class ChunkExtractor:
         if index in self._finished:
             return []
         self._finished.add(index)
-        return extractor.finish()
+        events = extractor.finish()
+        if self._note is not None:
+            self._note(extractor.calls, extractor.malformed)
+        return events
 
     def finish(self) -> list[Body]:
         """End of the stream: whatever a choice still holds goes out (the engine sent no finish_reason)."""
@@ -129,17 +145,18 @@ class ChunkExtractor:
         return out
 
 
-def _extract_message(message: Body, options: ExtractOptions, ids: IdSource) -> tuple[Body, TextExtractor] | None:
+def _extract_message(message: Body, options: ExtractOptions, ids: IdSource) -> tuple[Body | None, TextExtractor]:
+    """The message with calls and reasoning moved out (None if nothing moved), and its extractor's counts."""
+    extractor = TextExtractor(options, ids)
     content = message.get("content")
     if not isinstance(content, str) or message.get("tool_calls"):
-        return None
-    extractor = TextExtractor(options, ids)
+        return None, extractor
     events = extractor.feed(content) + extractor.finish()
     text = "".join(e.text for e in events if isinstance(e, Content))
     reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
     calls = [e for e in events if isinstance(e, ToolCall)]
     if not calls and not reasoning and text == content:
-        return None
+        return None, extractor
     adapted: Body = {**message, "content": text or (None if calls else "")}
     if reasoning:
         adapted["reasoning_content"] = reasoning
@@ -150,10 +167,12 @@ def _extract_message(message: Body, options: ExtractOptions, ids: IdSource) -> t
     return adapted, extractor
 
 
-def extract_completion(completion: Body, options: ExtractOptions, ids: IdSource = random_call_id) -> Body:
+def extract_completion(
+    completion: Body, options: ExtractOptions, ids: IdSource = random_call_id, *, note: Note | None = None
+) -> Body:
     """A ``chat.completion`` with calls and reasoning moved out of each choice's content.
 
-    Returns the same object when nothing was found.
+    Returns the same object when nothing was found. ``note`` hears each choice's counts.
 
     >>> reply = {"choices": [{"index": 0, "finish_reason": "stop",
     ...          "message": {"role": "assistant", "content": '<tool_call>{"name": "f", "arguments": {}}</tool_call>'}}]}
@@ -168,13 +187,16 @@ def extract_completion(completion: Body, options: ExtractOptions, ids: IdSource 
     changed = False
     for choice in choices:
         message = choice.get("message") if isinstance(choice, dict) else None
-        found = _extract_message(message, options, ids) if isinstance(message, dict) else None
-        if found is None:
+        if not isinstance(message, dict):
             adapted_choices.append(choice)
             continue
-        adapted, extractor = found
-        adapted_choices.append(
-            {**choice, "message": adapted, "finish_reason": _finish_reason(choice.get("finish_reason"), extractor)}
-        )
+        adapted, extractor = _extract_message(message, options, ids)
+        if note is not None:
+            note(extractor.calls, extractor.malformed)
+        if adapted is None:
+            adapted_choices.append(choice)
+            continue
+        reason = _finish_reason(choice.get("finish_reason"), extractor)
+        adapted_choices.append({**choice, "message": adapted, "finish_reason": reason})
         changed = True
     return {**completion, "choices": adapted_choices} if changed else completion

@@ -19,7 +19,6 @@ What is held back, and only until it is decided:
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from proxy.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.toolcalls._scan import held_suffix
 from proxy.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 
-__all__ = ["FORMATS", "TOOL_CALL_STATS", "ExtractOptions", "TextExtractor"]
+__all__ = ["FORMATS", "ExtractOptions", "TextExtractor"]
 
 log = logging.getLogger("toolpair.toolcalls")
 
@@ -49,10 +48,6 @@ FORMATS: dict[str, tuple[str, ...]] = {
 a marker (a reply that opens with the JSON) need the format named."""
 
 _BARE_OPENERS = {"mistral": "[", "llama3": "{"}
-
-TOOL_CALL_STATS: Counter[str] = Counter()
-"""Counts over the process, for metrics: ``calls`` found, ``malformed`` call blocks kept as
-text, ``dropped`` calls (``parallel_tool_calls: false``). Updated when a reply finishes."""
 
 
 class CallParser(Protocol):
@@ -120,9 +115,7 @@ class TextExtractor:
         return self._run(final=False)
 
     def finish(self) -> list[Event]:
-        events = self._run(final=True)
-        TOOL_CALL_STATS.update(calls=self.calls, malformed=self.malformed, dropped=self.dropped)
-        return events
+        return self._run(final=True)
 
     def _run(self, final: bool) -> list[Event]:
         out: list[Event] = []
