@@ -25,7 +25,6 @@ __all__ = ["RULES", "adapt_chat_request"]
 
 _TEXT_PARTS = frozenset({"text", "refusal"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-_EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 def _parts(message: Any) -> list[Any]:
@@ -192,7 +191,7 @@ def fill_tool_parameters(body: Body, profile: EngineProfile) -> Body:
     if profile.tools_without_parameters or not isinstance(tools, list):
         return body
     filled = [
-        {**t, "function": {**t["function"], "parameters": _EMPTY_PARAMETERS}}
+        {**t, "function": {**t["function"], "parameters": {"type": "object", "properties": {}}}}
         if isinstance(t, dict) and isinstance(t.get("function"), dict) and "parameters" not in t["function"]
         else t
         for t in tools
