@@ -41,10 +41,10 @@ def _frame(chunk: Body) -> bytes:
 
 
 class StreamRewriter:
-    """Engine SSE bytes in, rewritten SSE frames out; usage is asked for at ``[DONE]``.
+    """Engine SSE bytes in, rewritten SSE frames out (sync, no I/O).
 
-    The sync part (:meth:`feed`) returns frames and whether the stream is done;
-    the caller then awaits :meth:`tail` for the frames that end it.
+    After ``[DONE]``, ``done`` is set and nothing more is read; the caller adds
+    the usage chunk it may owe and the ``[DONE]`` frame itself.
     """
 
     def __init__(self, plan: ReplyPlan, source: str, ids: IdSource = random_call_id) -> None:
