@@ -11,6 +11,8 @@ What is held back, and only until it is decided:
 - in reasoning, a possible ``</think>``;
 - in content, a possible start marker of a call, and the whitespace just
   before it (a call's surrounding whitespace is not content);
+- with ``mistral`` or ``llama3`` named, a reply that opens with ``[`` or ``{``,
+  until that JSON closes: it may be a call whose marker the engine dropped;
 - once a marker has come, the call's text until the call is complete and
   well formed. Then it goes out as one :class:`ToolCall`; malformed or cut-off
   call text goes out as content, and is counted in ``malformed``.
