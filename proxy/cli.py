@@ -12,6 +12,8 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
+from proxy.engine_plan import TOOL_CALL_FORMATS
+from proxy.engines import EngineKind
 from proxy.logs import LOG_FORMATS, setup_logging
 from proxy.status import public_url
 
@@ -38,6 +40,19 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine-kind",
+        choices=[kind.value for kind in EngineKind],
+        help="what the upstream is, which decides what toolpair adapts (default generic: nothing)",
+    )
+    parser.add_argument(
+        "--tool-call-format",
+        choices=TOOL_CALL_FORMATS,
+        help="how the model writes tool calls, for engines that return them as text (default auto)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolpair", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /v1/responses by forwarding it to the engine (native) or through its chat completions "
         "(translate); auto: native for llama-server, translate otherwise",
     )
+    _add_engine_options(proxy)
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
     return parser
@@ -79,7 +95,7 @@ def _setup_logging(settings: Settings) -> None:
 def _run_proxy(args: argparse.Namespace) -> int:
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream", "responses_mode")
+    settings = _settings(args, "upstream", "responses_mode", "engine_kind", "tool_call_format")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings)

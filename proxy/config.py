@@ -53,6 +53,12 @@ class Settings:
     metrics_require_key: bool = False
     log_format: str = "text"
     log_bodies: bool = False
+    # engine adaptation and tool-call extraction (issue 4)
+    engine_kind: str = "generic"
+    tool_call_format: str = "auto"
+    reasoning: bool = True
+    think_in_prompt: bool = False
+    vision: bool = False
 
 
 def _field_types() -> dict[str, Any]:

@@ -15,20 +15,32 @@ import aiohttp
 from aiohttp import web
 
 from proxy.auth import keys_required
-from proxy.chat import plan_chat_request
 from proxy.config import Settings
+from proxy.engine_plan import EngineSetup, engine_setup, plan_engine_request
+from proxy.engine_relay import relay_rewritten
 from proxy.errors import BodyTooLargeError, Dialect, ToolpairError, UpstreamError, error_body, error_event
 from proxy.operations import register_operations
 from proxy.sse import FrameSplitter
 from proxy.trace import trace_of
 from proxy.upstream import Upstream, forwardable_headers
 
-__all__ = ["ADMISSION", "Admission", "create_app", "error_response", "read_body", "relay", "SETTINGS", "UPSTREAM"]
+__all__ = [
+    "ADMISSION",
+    "ENGINE",
+    "Admission",
+    "create_app",
+    "error_response",
+    "read_body",
+    "relay",
+    "SETTINGS",
+    "UPSTREAM",
+]
 
 log = logging.getLogger("toolpair")
 
 SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", Upstream)
+ENGINE = web.AppKey("engine", EngineSetup)
 
 Admission = Callable[[web.Request], AbstractAsyncContextManager[None]]
 """Held around each upstream call, response included: where a queue or an
@@ -145,12 +157,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     upstream = request.app[UPSTREAM]
     try:
-        plan = plan_chat_request(await read_body(request, settings.max_body_bytes))
-        trace_of(request).order("chat", plan.report)
+        engine = request.app[ENGINE]
+        plan = plan_engine_request(await read_body(request, settings.max_body_bytes), engine)
+        trace_of(request).order("chat", plan.order)
+        if plan.adapted:
+            log.debug("chat: adapted for %s: %s", engine.profile.kind, ", ".join(plan.adapted))
         headers = forwardable_headers(request.headers, _API_DROP)
         async with request.app[ADMISSION](request):
             response = await upstream.open("POST", request.path_qs, headers, plan.body)
-            return await relay(request, upstream, response, Dialect.OPENAI, raw=False)
+            if plan.reply is None or response.status >= 400:
+                return await relay(request, upstream, response, Dialect.OPENAI, raw=False)
+            return await relay_rewritten(request, upstream, response, plan, engine, headers)
     except ToolpairError as exc:
         return error_response(exc, Dialect.OPENAI)
 
@@ -192,6 +209,7 @@ def create_app(
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[UPSTREAM] = upstream
+    app[ENGINE] = upstream.engine = engine_setup(settings)
     app[ADMISSION] = admission
     app.cleanup_ctx.append(_upstream_ctx)
     register_operations(app, settings, upstream.base_url)

@@ -18,12 +18,16 @@ Every request and response also passes the current request's
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import aiohttp
 from multidict import CIMultiDict
 
 from proxy.errors import UpstreamError, UpstreamTimeoutError
 from proxy.trace import Trace, current_trace
+
+if TYPE_CHECKING:
+    from proxy.engine_plan import EngineSetup
 
 __all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
 
@@ -76,6 +80,8 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._forward_credentials = forward_credentials
+        self.engine: EngineSetup | None = None
+        """What kind of engine this is (set by the app): chat calls adapt to it."""
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
 

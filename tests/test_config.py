@@ -67,3 +67,43 @@ def test_proxy_without_upstream_is_a_clear_error() -> None:
         [sys.executable, "-m", "proxy", "proxy"], capture_output=True, text=True, env={"PATH": "/usr/bin"}
     )
     assert run.returncode == 2 and "upstream is required" in run.stderr
+
+
+def test_engine_settings_from_every_source(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("engine_kind: llama-server\nreasoning: false\nvision: true\n")
+    env = {"TOOLPAIR_TOOL_CALL_FORMAT": "mistral", "TOOLPAIR_THINK_IN_PROMPT": "yes"}
+    settings = load_settings({"engine_kind": "llama-cpp-python"}, env, config)
+    assert (settings.engine_kind, settings.tool_call_format) == ("llama-cpp-python", "mistral")
+    assert (settings.reasoning, settings.think_in_prompt, settings.vision) == (False, True, True)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine-kind", "vllm"], "invalid choice: 'vllm'"),
+        (["--tool-call-format", "xml"], "invalid choice: 'xml'"),
+    ],
+)
+def test_engine_options_are_checked_on_the_command_line(args: list[str], message: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "proxy", "proxy", "--upstream", "http://127.0.0.1:9", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and message in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("engine_kind: vllm\n", "unknown engine kind 'vllm'"), ("tool_call_format: xml\n", "unknown format 'xml'")],
+)
+def test_engine_settings_from_a_file_are_checked_at_startup(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    run = subprocess.run(
+        [sys.executable, "-m", "proxy", "proxy", "--upstream", "http://127.0.0.1:9", "--config", str(config)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and message in run.stderr
