@@ -42,6 +42,12 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     # logging
     log_level: str = "info"
+    # Anthropic Messages (/v1/messages, /v1/messages/count_tokens)
+    messages_mode: str = "auto"
+    messages_model: str | None = None
+    normalize_billing_stamp: bool = True
+    messages_ping_interval: float = 5.0
+    count_tokens_template: str | None = None
 
 
 def _field_types() -> dict[str, Any]:

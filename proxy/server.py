@@ -189,5 +189,8 @@ def create_app(
     app.cleanup_ctx.append(_upstream_ctx)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, chat_completions)
+    from proxy.anthropic_routes import register_anthropic_routes  # it imports this module
+
+    register_anthropic_routes(app)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app
