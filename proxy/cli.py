@@ -21,6 +21,7 @@ result with the right call.
 
 commands:
   proxy   run as a sidecar in front of an OpenAI-compatible engine you already run
+          (also serves Anthropic Messages: /v1/messages, /v1/messages/count_tokens)
 """
 
 
@@ -48,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     proxy.add_argument("--upstream", metavar="URL", help="base URL of the engine, e.g. http://127.0.0.1:8080")
+    proxy.add_argument(
+        "--messages-mode",
+        choices=["auto", "native", "translate"],
+        help="/v1/messages: native forwards Anthropic Messages, translate converts to Chat Completions (default auto)",
+    )
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
     return parser
@@ -67,7 +73,7 @@ def _setup_logging(level: str) -> None:
 def _run_proxy(args: argparse.Namespace) -> int:
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream")
+    settings = _settings(args, "upstream", "messages_mode")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings.log_level)
