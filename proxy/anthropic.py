@@ -435,13 +435,13 @@ def stop_sequences(body: Body) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 
 def thinking_fields(thinking: object, output_config: object = None) -> Body:
     """The ``thinking`` setting and ``output_config`` as the fields chat engines read.
 
-    ``enabled`` and ``adaptive`` turn the template's thinking switch on
+    ``enabled``, ``adaptive`` and ``between_tools`` turn the template's thinking switch on
     (``chat_template_kwargs.enable_thinking``, read by llama-server, vLLM and
     Qwen-style templates), ``disabled`` turns it off; ``output_config.effort``
     becomes ``reasoning_effort`` and ``output_config.format`` a JSON-schema
@@ -453,7 +453,7 @@ def thinking_fields(thinking: object, output_config: object = None) -> Body:
     fields: Body = {}
     if isinstance(thinking, dict):
         kind = thinking.get("type")
-        if kind in ("enabled", "adaptive"):
+        if kind in ("enabled", "adaptive", "between_tools"):
             fields["chat_template_kwargs"] = {"enable_thinking": True}
         elif kind == "disabled":
             fields["chat_template_kwargs"] = {"enable_thinking": False}
