@@ -117,7 +117,7 @@ async def test_sdk_non_stream_with_x_api_key_and_bearer(engine: MockEngine, prox
         seen = engine.last
         assert seen.path == "/v1/chat/completions"
         assert seen.json() == {
-            "model": "claude-sonnet-4-5",
+            "model": "claude-test-model",
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
             "max_tokens": 64,
             "temperature": 0.1,
