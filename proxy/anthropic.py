@@ -18,7 +18,8 @@ as pure functions and one stream transducer:
 - :class:`MessageAccumulator`: Anthropic events in, the final message out, as
   the anthropic SDK's ``accumulate_event`` builds it; an impossible order raises.
   :func:`message_from_completion` is a non-stream completion put through both.
-- :func:`context_overflow`: recognise an engine's context-overflow message.
+- :func:`context_overflow` and :func:`native_error`: engine errors as
+  Anthropic errors, an overflowing context as ``prompt is too long``.
 
 Spec: https://docs.anthropic.com/en/api/messages and
 https://docs.anthropic.com/en/docs/build-with-claude/streaming.
@@ -38,7 +39,7 @@ import orjson
 
 from proxy._types import Body, Message, Messages
 from proxy.chat import decode_body
-from proxy.errors import ClientInputError, PromptTooLongError, UpstreamError
+from proxy.errors import ClientInputError, PromptTooLongError, ToolpairError, UpstreamError, UpstreamStatusError
 from proxy.order import OrderReport, order_anthropic_results
 from proxy.sse import encode_event
 from proxy.stop_sequences import StopMatcher
@@ -54,6 +55,7 @@ __all__ = [
     "chat_tools",
     "context_overflow",
     "message_from_completion",
+    "native_error",
     "new_message_id",
     "normalize_billing_stamp",
     "plan_native",
@@ -999,8 +1001,8 @@ def accumulate(events: Iterable[Event]) -> Body:
 _CONTEXT_OVERFLOW = (
     # llama-cpp-python server, vLLM, OpenAI: "maximum context length is 512 tokens. However,
     # you requested 829 tokens (824 in the messages, 5 in the completion)"
-    re.compile(r"maximum context length is (?P<limit>\d+) tokens.*?\((?P<prompt>\d+) in the messages, "
-               r"(?P<completion>\d+)?", re.S),
+    re.compile(r"maximum context length is (?P<limit>\d+) tokens.*?\((?P<prompt>\d+) in the messages"
+               r"(?:, (?P<completion>\d+))?", re.S),
     # vLLM: "maximum context length is 4096 tokens. However, your request has 5000 input tokens"
     re.compile(r"maximum context length is (?P<limit>\d+) tokens.*?request has (?P<prompt>\d+) input tokens", re.S),
     # llama-cpp-python's own exception text
@@ -1037,3 +1039,34 @@ def context_overflow(engine_message: str) -> ClientInputError | None:
             param="max_tokens",
         )
     return None
+
+
+def native_error(status: int, raw: bytes) -> ToolpairError | None:
+    """The Anthropic error for an error answer from a native engine, or None when it already is one.
+
+    Engines that serve ``/v1/messages`` often answer errors in their own shape
+    (llama-server: ``{"error": {"type": "exceed_context_size_error",
+    "n_prompt_tokens": ..., "n_ctx": ...}}``). Those are rewritten, so that
+    Claude Code still sees ``prompt is too long`` and can compact.
+
+    >>> native_error(400, b'{"error": {"message": "too big", "n_prompt_tokens": 9000, "n_ctx": 8192}}').message
+    'prompt is too long: 9000 tokens > 8192 maximum'
+    >>> native_error(400, b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}') is None
+    True
+    """
+    try:
+        data: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
+        message = data["error"].get("message")
+        overflow = context_overflow(message) if isinstance(message, str) else None
+        return overflow if isinstance(overflow, PromptTooLongError) else None
+    error = data.get("error", data.get("detail", data)) if isinstance(data, dict) else data
+    if isinstance(error, dict):
+        prompt, limit = error.get("n_prompt_tokens"), error.get("n_ctx")
+        if isinstance(prompt, int) and isinstance(limit, int):
+            return PromptTooLongError(prompt, limit)
+        error = error.get("message")
+    message = error if isinstance(error, str) and error else raw.decode("utf-8", "replace")[:500] or "no body"
+    return context_overflow(message) or UpstreamStatusError(message, status=status)

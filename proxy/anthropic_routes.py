@@ -43,6 +43,7 @@ from proxy.anthropic import (
     context_overflow,
     frames,
     message_from_completion,
+    native_error,
     plan_native,
     plan_translation,
 )
@@ -230,6 +231,17 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
     async with request.app[ADMISSION](request):
         response = await upstream.open("POST", request.path_qs, headers, plan.body)
+        if response.status >= 400 and response.content_type != "text/event-stream":
+            try:
+                answer = await response.read()
+            except aiohttp.ClientError:
+                answer = b""
+            finally:
+                response.close()
+            error = native_error(response.status, answer)
+            if error is not None:
+                return error_response(error, Dialect.ANTHROPIC)
+            return web.Response(status=response.status, body=answer, content_type="application/json")
         return await relay(request, upstream, response, Dialect.ANTHROPIC, raw=False)
 
 
@@ -273,6 +285,8 @@ async def _generate(
             await emit(events.feed(chunk))
             if events.done:
                 return
+    except UpstreamStatusError:
+        raise  # the engine said what is wrong
     except UpstreamError:
         if received:
             raise

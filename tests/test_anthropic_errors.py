@@ -95,6 +95,7 @@ async def test_prompt_too_long_becomes_anthropics_message(url: str, engine: Mock
     assert status == 400
     assert_anthropic_error(reply, "invalid_request_error", "")
     assert reply["error"]["message"] == "prompt is too long: 824 tokens > 512 maximum"
+    assert len(engine.received) == 1  # an error status needs no second request to explain it
 
 
 async def test_prompt_and_max_tokens_over_the_context_get_anthropics_other_message(

@@ -353,6 +353,29 @@ async def test_pings_while_the_engine_reads_the_prompt(engine: MockEngine, proxy
     assert names[-2:] == ["message_delta", "message_stop"]
 
 
+async def test_an_error_after_pings_went_out_is_an_error_event(engine: MockEngine, proxy: Any) -> None:
+    overflow = (
+        "This model's maximum context length is 512 tokens. However, you requested 829 tokens (824 in the messages"
+    )
+
+    async def slow_refusal(request: web.Request, received: Received) -> web.StreamResponse:
+        await asyncio.sleep(0.35)
+        return web.json_response({"error": {"message": overflow}}, status=400)
+
+    engine.then(slow_refusal)
+    status, raw, _ = await post(
+        await proxy(messages_ping_interval=0.1), {"model": "c", "max_tokens": 8, "stream": True, "messages": HI}
+    )
+    assert status == 200  # the stream had begun; the error can only go in-band
+    events = sse_events(raw)
+    assert [name for name, _ in events][:3] == ["message_start", "ping", "ping"]
+    assert events[-1] == (
+        "error",
+        {"type": "error", "error": {"type": "invalid_request_error", "source": "toolpair",
+                                    "message": "prompt is too long: 824 tokens > 512 maximum"}},
+    )  # fmt: skip
+
+
 async def test_no_extra_pings_when_the_engine_answers_quickly(engine: MockEngine, proxy: Any) -> None:
     _, raw, _ = await post(await proxy(), {"model": "c", "max_tokens": 8, "stream": True, "messages": HI})
     assert [name for name, _ in sse_events(raw)].count("ping") == 1

@@ -132,6 +132,37 @@ async def test_native_engine_errors_are_relayed(engine: MockEngine, proxy: Any) 
     assert status == 400 and reply["type"] == "error" and "not valid JSON" in reply["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("status", "answer", "kind", "message"),
+    [
+        (400, {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+                         "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192}},
+         "invalid_request_error", "prompt is too long: 9000 tokens > 8192 maximum"),
+        (400, {"type": "error", "error": {"type": "invalid_request_error", "message":
+               "request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it"}},
+         "invalid_request_error", "prompt is too long: 5000 tokens > 4096 maximum"),
+        (401, {"error": {"message": "Invalid API Key", "type": "authentication_error"}},
+         "authentication_error", "Invalid API Key"),
+        (404, {"detail": "Not Found"}, "not_found_error", "Not Found"),
+        (500, "plain text failure", "api_error", "plain text failure"),
+    ],
+)  # fmt: skip
+async def test_native_engine_errors_in_other_shapes_become_anthropic_errors(
+    engine: MockEngine, proxy: Any, status: int, answer: Any, kind: str, message: str
+) -> None:
+    if isinstance(answer, str):
+
+        async def text(request: web.Request, received: Received) -> web.StreamResponse:
+            return web.Response(status=status, text=answer)
+
+        engine.then(text)
+    else:
+        engine.reply_json(answer, status=status)
+    code, reply, _ = await post(await proxy(messages_mode="native"), {"messages": HI})
+    assert code == status
+    assert reply["type"] == "error" and reply["error"]["type"] == kind and reply["error"]["message"] == message
+
+
 def test_mode_setting_auto_follows_the_engine_kind_and_the_cli_overrides() -> None:
     assert messages_mode(Settings()) is MessagesMode.TRANSLATE
     assert messages_mode(Settings(messages_mode="native")) is MessagesMode.NATIVE
