@@ -49,7 +49,14 @@ from proxy.anthropic import (
 )
 from proxy.chat_upstream import chat_completion, chat_stream, prepare_chat_body
 from proxy.config import ConfigError, Settings
-from proxy.errors import Dialect, ToolpairError, UpstreamError, UpstreamStatusError, error_event
+from proxy.errors import (
+    Dialect,
+    ToolpairError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    error_event,
+)
 from proxy.order import OrderReport
 from proxy.server import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
 from proxy.token_count import ChatTemplate, TemplateError, estimate_tokens
@@ -301,13 +308,22 @@ async def _generate(
 
 
 async def _diagnose(upstream: Upstream, chat: Body) -> None:
-    """Raise the engine's own error for a request whose stream broke before it began, if it has one."""
-    try:
-        await chat_completion(upstream, {**chat, "max_tokens": 1})
-    except UpstreamStatusError as exc:
-        raise _anthropic_error(exc) from None
-    except UpstreamError:
-        pass
+    """Raise the engine's own error for a request whose stream broke before it began, if it has one.
+
+    Tried twice: llama-cpp-python closes the connection just after such a
+    stream, while the client pool may already hold it for reuse, so the first
+    try can meet a dead connection.
+    """
+    for _ in range(2):
+        try:
+            await chat_completion(upstream, {**chat, "max_tokens": 1})
+            return
+        except UpstreamStatusError as exc:
+            raise _anthropic_error(exc) from None
+        except UpstreamTimeoutError:
+            return
+        except UpstreamError as exc:
+            log.info("diagnosing an empty stream: %s", exc.message)
 
 
 async def _complete(request: web.Request, plan: TranslationPlan) -> Body:

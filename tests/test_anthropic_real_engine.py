@@ -1,9 +1,11 @@
 """/v1/messages through toolpair to the real llama-cpp-python engine, driven by the anthropic SDK.
 
-Between toolpair and the engine sits a recording forwarder: it adds the
-engine's API key (toolpair never forwards the client's Anthropic credentials)
-and keeps every body the engine received. The model is tiny, so the tests
-check structure and what the engine received, never the quality of answers.
+toolpair never forwards the client's Anthropic credentials, so something else
+must give the engine its API key: ``direct`` runs toolpair with an upstream
+client that adds it, and ``stack`` puts a recording forwarder between toolpair
+and the engine that adds it and keeps every body the engine received. The
+model is tiny, so the tests check structure and what the engine received,
+never the quality of answers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from anthropic import AsyncAnthropic
 
 from proxy.config import Settings
 from proxy.server import create_app
+from proxy.upstream import Upstream
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
 
@@ -71,6 +74,26 @@ async def stack(real_engine: RealEngine) -> AsyncIterator[Stack]:
     await runner.cleanup()
     await recorder_runner.cleanup()
     await session.close()
+
+
+class KeyedUpstream(Upstream):
+    """The upstream client, plus the engine's API key on every request."""
+
+    def __init__(self, base_url: str, api_key: str) -> None:
+        super().__init__(base_url, read_timeout=60.0)
+        self.api_key = api_key
+
+    async def open(self, method: str, path_qs: str, headers: Any, body: bytes | None) -> aiohttp.ClientResponse:
+        return await super().open(method, path_qs, {**headers, "Authorization": f"Bearer {self.api_key}"}, body)
+
+
+@pytest.fixture
+async def direct(real_engine: RealEngine) -> AsyncIterator[Stack]:
+    """toolpair straight in front of the engine, keep-alive pool included."""
+    settings = Settings(upstream=real_engine.url, count_tokens_template=str(TEMPLATE))
+    runner, url = await start_app(create_app(settings, KeyedUpstream(real_engine.url, real_engine.api_key)))
+    yield Stack(url)
+    await runner.cleanup()
 
 
 def sdk(stack: Stack) -> AsyncAnthropic:
@@ -163,8 +186,8 @@ TOOLS_HISTORY: dict[str, Any] = {
     [{"messages": [{"role": "user", "content": "Hi"}]}, {"system": "Be brief.", "messages": [QUESTION]}, TOOLS_HISTORY],
     ids=["plain", "system", "tools-history"],
 )
-async def test_count_tokens_is_exact_against_the_real_engine(stack: Stack, request_body: dict[str, Any]) -> None:
-    async with sdk(stack) as client:
+async def test_count_tokens_is_exact_against_the_real_engine(direct: Stack, request_body: dict[str, Any]) -> None:
+    async with sdk(direct) as client:
         counted = await client.messages.count_tokens(model="claude-test-model", **request_body)
         answered = await client.messages.create(model="claude-test-model", max_tokens=1, **request_body)
     # usage.input_tokens of a non-stream answer is the engine's own usage.prompt_tokens.
@@ -202,17 +225,19 @@ async def test_stop_sequence_against_the_real_engine(stack: Stack) -> None:
     assert all("stop" not in chat for chat in stack.chats())
 
 
-async def test_prompt_too_long_against_the_real_engine(stack: Stack, real_engine: RealEngine) -> None:
+async def test_prompt_too_long_against_the_real_engine(direct: Stack) -> None:
     long = [{"role": "user", "content": "hello " * 5000}]
-    async with sdk(stack) as client:
+    async with sdk(direct) as client:
         counted = await client.messages.count_tokens(model="c", messages=long)
         expected = f"prompt is too long: {counted.input_tokens} tokens > 4096 maximum"
         with pytest.raises(anthropic.BadRequestError, match=expected) as plain:
             await client.messages.create(model="c", max_tokens=5, messages=long)
-        # Streamed, llama-cpp-python answers 200 and an empty stream; toolpair still finds the reason.
-        with pytest.raises(anthropic.BadRequestError, match=expected):
-            async with client.messages.stream(model="c", max_tokens=5, messages=long) as stream:
-                await stream.get_final_message()
+        # Streamed, llama-cpp-python answers 200 and an empty stream, then drops the connection;
+        # toolpair still finds the reason, every time.
+        for _ in range(3):
+            with pytest.raises(anthropic.BadRequestError, match=expected):
+                async with client.messages.stream(model="c", max_tokens=5, messages=long) as stream:
+                    await stream.get_final_message()
     assert plain.value.status_code == 400
     assert plain.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": expected,
                                                             "source": "toolpair"}}  # fmt: skip
