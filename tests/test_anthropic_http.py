@@ -336,37 +336,53 @@ async def test_stop_sequences_that_never_match_end_normally(engine: MockEngine, 
 # --- pings
 
 
+def gated(gate: asyncio.Event, answer: Handler) -> Handler:
+    """An engine that reads the prompt until the test opens the gate."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        await asyncio.wait_for(gate.wait(), 10)
+        return await answer(request, received)
+
+    return handler
+
+
 async def test_pings_while_the_engine_reads_the_prompt(engine: MockEngine, proxy: Any) -> None:
-    first_chunk = [{"delta": {"role": "assistant", "content": "late"}}, {"delta": {}, "finish": "stop"}]
-    engine.then(streamed(first_chunk, head_delay=0.35))
-    url = await proxy(messages_ping_interval=0.1)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(url + "/v1/messages", json={"model": "c", "max_tokens": 8, "stream": True, "messages": HI}) as r,
-    ):
-        first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 0.3)  # long before the engine answers
-        assert first.startswith(b"event: message_start\n")
-        raw = first + await r.read()
+    gate = asyncio.Event()
+    answer = streamed([{"delta": {"role": "assistant", "content": "late"}}, {"delta": {}, "finish": "stop"}])
+    engine.then(gated(gate, answer))
+    url = await proxy(messages_ping_interval=0.05)
+    body = {"model": "c", "max_tokens": 8, "stream": True, "messages": HI}
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/messages", json=body) as r:
+        # The engine has not answered at all yet, and the client already has its stream.
+        assert r.status == 200
+        head = [await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10) for _ in range(4)]
+        gate.set()
+        raw = b"".join(head) + await r.read()
     names = [name for name, _ in sse_events(raw)]
-    pings = names[: names.index("content_block_start")].count("ping")
-    assert names[0] == "message_start" and pings >= 3  # the start's own ping, then one per 0.1 s of waiting
-    assert names[-2:] == ["message_delta", "message_stop"]
+    assert names[:4] == ["message_start", "ping", "ping", "ping"]  # the start's own ping, then one per interval
+    assert names[names.index("content_block_start") :] == [
+        "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert set(names[: names.index("content_block_start")]) == {"message_start", "ping"}
 
 
 async def test_an_error_after_pings_went_out_is_an_error_event(engine: MockEngine, proxy: Any) -> None:
     overflow = (
         "This model's maximum context length is 512 tokens. However, you requested 829 tokens (824 in the messages"
     )
+    gate = asyncio.Event()
 
-    async def slow_refusal(request: web.Request, received: Received) -> web.StreamResponse:
-        await asyncio.sleep(0.35)
+    async def refusal(request: web.Request, received: Received) -> web.StreamResponse:
         return web.json_response({"error": {"message": overflow}}, status=400)
 
-    engine.then(slow_refusal)
-    status, raw, _ = await post(
-        await proxy(messages_ping_interval=0.1), {"model": "c", "max_tokens": 8, "stream": True, "messages": HI}
-    )
-    assert status == 200  # the stream had begun; the error can only go in-band
+    engine.then(gated(gate, refusal))
+    url = await proxy(messages_ping_interval=0.05)
+    body = {"model": "c", "max_tokens": 8, "stream": True, "messages": HI}
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/messages", json=body) as r:
+        assert r.status == 200  # the stream had begun; the error can only go in-band
+        head = [await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10) for _ in range(3)]
+        gate.set()
+        raw = b"".join(head) + await r.read()
     events = sse_events(raw)
     assert [name for name, _ in events][:3] == ["message_start", "ping", "ping"]
     assert events[-1] == (
