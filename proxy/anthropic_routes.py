@@ -445,7 +445,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     try:
         raw = await read_body(request, settings.max_body_bytes)
     except ToolpairError:
-        return _count_response(estimate_tokens(b"x" * (request.content_length or 0)), "estimate")
+        return _count_response(estimate_tokens(request.content_length or settings.max_body_bytes), "estimate")
     if state.mode is MessagesMode.NATIVE:
         return await _count_native(request, raw)
     try:
@@ -454,15 +454,15 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         )
     except ToolpairError as exc:
         log.info("count_tokens: estimating a request toolpair cannot translate: %s", exc.message)
-        return _count_response(estimate_tokens(raw), "estimate")
+        return _count_response(estimate_tokens(len(raw)), "estimate")
     chat = prepare_chat_body(plan.chat)[0]
     if state.template is None:
-        return _count_response(estimate_tokens(orjson.dumps(chat)), "estimate")
+        return _count_response(estimate_tokens(len(orjson.dumps(chat))), "estimate")
     try:
         prompt = state.template.render(chat)
     except TemplateError as exc:
         log.info("count_tokens: %s", exc)
-        return _count_response(estimate_tokens(orjson.dumps(chat)), "estimate")
+        return _count_response(estimate_tokens(len(orjson.dumps(chat))), "estimate")
     count: int | None = None
     try:
         async with request.app[ADMISSION](request):
@@ -470,7 +470,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     except ToolpairError as exc:
         log.info("count_tokens: the engine is not available: %s", exc.message)
     if count is None:
-        return _count_response(estimate_tokens(prompt.encode()), "estimate")
+        return _count_response(estimate_tokens(len(prompt.encode())), "estimate")
     return _count_response(count, "exact")
 
 
@@ -492,4 +492,4 @@ async def _count_native(request: web.Request, raw: bytes) -> web.StreamResponse:
         tokens = None
     if isinstance(tokens, int) and not isinstance(tokens, bool):
         return _count_response(tokens, "exact")
-    return _count_response(estimate_tokens(raw), "estimate")
+    return _count_response(estimate_tokens(len(raw)), "estimate")

@@ -41,13 +41,13 @@ class TemplateError(ValueError):
     """Raised when a template file cannot be read or used."""
 
 
-def estimate_tokens(data: bytes) -> int:
-    """A rough token count for ``data``: one token per :data:`BYTES_PER_TOKEN` bytes, rounded up.
+def estimate_tokens(size: int) -> int:
+    """A rough token count for ``size`` bytes of text: one token per :data:`BYTES_PER_TOKEN`, rounded up.
 
-    >>> estimate_tokens(b"12345678"), estimate_tokens(b"123456789"), estimate_tokens(b"")
+    >>> estimate_tokens(8), estimate_tokens(9), estimate_tokens(0)
     (2, 3, 0)
     """
-    return -(-len(data) // BYTES_PER_TOKEN)
+    return -(-max(0, size) // BYTES_PER_TOKEN)
 
 
 # The keys llama-cpp-python's request models declare, per message role.
