@@ -26,6 +26,7 @@ result with the right call.
 
 commands:
   proxy   run as a sidecar in front of an OpenAI-compatible engine you already run
+          (also serves Anthropic Messages: /v1/messages, /v1/messages/count_tokens)
 """
 
 
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(translate); auto: native for llama-server, translate otherwise",
     )
     _add_engine_options(proxy)
+    proxy.add_argument(
+        "--messages-mode",
+        choices=["auto", "native", "translate"],
+        help="/v1/messages: native forwards Anthropic Messages, translate converts to Chat Completions (default auto)",
+    )
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
     return parser
@@ -95,7 +101,7 @@ def _setup_logging(settings: Settings) -> None:
 def _run_proxy(args: argparse.Namespace) -> int:
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream", "responses_mode", "engine_kind", "tool_call_format")
+    settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings)

@@ -59,6 +59,12 @@ class Settings:
     reasoning: bool = True
     think_in_prompt: bool = False
     vision: bool = False
+    # Anthropic Messages (/v1/messages, /v1/messages/count_tokens)
+    messages_mode: str = "auto"
+    messages_model: str | None = None
+    normalize_billing_stamp: bool = True
+    messages_ping_interval: float = 5.0
+    count_tokens_template: str | None = None
 
 
 def _field_types() -> dict[str, Any]:

@@ -5,7 +5,8 @@ Exception tree (each knows its HTTP status and error type)::
     ToolpairError                 root; never escapes a handler
     ├── ClientInputError          400  the request body is not usable
     │   ├── BodyTooLargeError     413  the body is over max_body_bytes
-    │   └── NotFoundError         404  the request names something toolpair does not hold
+    │   ├── NotFoundError         404  the request names something toolpair does not hold
+    │   └── PromptTooLongError    400  the engine's context cannot hold the prompt
     ├── UpstreamError             502  the upstream failed or answered garbage
     │   ├── UpstreamTimeoutError  504  the upstream did not answer in time
     │   └── UpstreamStatusError   4xx/5xx  the engine refused a translated request
@@ -32,6 +33,7 @@ __all__ = [
     "Dialect",
     "EngineUnavailableError",
     "NotFoundError",
+    "PromptTooLongError",
     "ToolpairError",
     "UpstreamError",
     "UpstreamStatusError",
@@ -114,6 +116,21 @@ class NotFoundError(ClientInputError):
         self.code = code
 
 
+class PromptTooLongError(ClientInputError):
+    """Raised when the engine refuses a prompt longer than its context window.
+
+    The message is Anthropic's own wording, ``prompt is too long: N tokens > M
+    maximum``, which is what makes Claude Code compact its history.
+    """
+
+    code = "prompt_too_long"
+
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens > {limit} maximum", param="messages")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
 class UpstreamError(ToolpairError):
     """Raised when the upstream refuses the connection, breaks it or is unreachable."""
 
@@ -130,6 +147,19 @@ class UpstreamTimeoutError(UpstreamError):
     code = "upstream_timeout"
 
 
+# Anthropic's error type for each status it documents; other 4xx are
+# invalid_request_error and other 5xx api_error.
+_ANTHROPIC_STATUS_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
 class UpstreamStatusError(UpstreamError):
     """Raised when the engine answers a request that toolpair translated with an error status.
 
@@ -144,7 +174,9 @@ class UpstreamStatusError(UpstreamError):
         self.status = status
         if status < 500:
             self.openai_type = "invalid_request_error"
-            self.anthropic_type = "not_found_error" if status == 404 else "invalid_request_error"
+        self.anthropic_type = _ANTHROPIC_STATUS_TYPES.get(
+            status, "invalid_request_error" if status < 500 else "api_error"
+        )
 
 
 class EngineUnavailableError(ToolpairError):

@@ -55,7 +55,7 @@ def responses_mode(settings: Settings) -> str:
     """
     mode = settings.responses_mode
     if mode == "auto":
-        kind = getattr(settings, "engine_kind", "generic")
+        kind = settings.engine_kind
         return "native" if kind == "llama-server" else "translate"
     if mode not in ("native", "translate"):
         raise ConfigError(f"responses_mode: expected auto, native or translate, got {mode!r}")

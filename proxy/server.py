@@ -215,8 +215,10 @@ def create_app(
     register_operations(app, settings, upstream.base_url)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, chat_completions)
-    from proxy.responses_routes import register_responses_routes  # imports this module
+    from proxy.anthropic_routes import register_anthropic_routes  # they import this module
+    from proxy.responses_routes import register_responses_routes
 
+    register_anthropic_routes(app)
     register_responses_routes(app)
     app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
     return app

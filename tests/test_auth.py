@@ -133,8 +133,9 @@ async def test_right_key_passes_and_never_reaches_the_engine(
 ) -> None:
     status, _, _ = await keyed.call(family, headers)
     assert status == 200
-    assert len(keyed.engine.received) == 1
-    assert credential_headers(keyed.engine.last.headers) == {}
+    # count_tokens without a template answers an estimate and needs no engine call.
+    assert len(keyed.engine.received) == (0 if family == "anthropic-count" else 1)
+    assert all(credential_headers(seen.headers) == {} for seen in keyed.engine.received)
 
 
 @pytest.mark.parametrize("path", [HEALTH_PATH, READY_PATH, HEALTH_PATH + "?verbose=1", METRICS_PATH])

@@ -296,7 +296,7 @@ async def test_cli_json_logs_parse_and_hold_no_secret(engine: MockEngine, tmp_pa
     access = {line["request_id"]: line for line in lines if line["logger"] == "toolpair.access"}
     assert access["rid-ok"]["status"] == 200 and access["rid-ok"]["runs_reordered"] == 1
     assert access["rid-stream"]["status"] == 200
-    assert access["rid-wrong"]["status"] == 401 and access["rid-wrong"]["route"] == "passthrough"
+    assert access["rid-wrong"]["status"] == 401 and access["rid-wrong"]["route"] == "/v1/messages"
     assert access["rid-query"]["path"] == "/v1/models"
     assert any("listening on" in line["message"] for line in lines)
     # the engine did get the prompt, with toolpair's upstream key in place of the client's
