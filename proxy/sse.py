@@ -67,47 +67,42 @@ class FrameSplitter:
         return []
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 class LineDecoder:
     """Bytes to text lines, splitting on CRLF, LF or CR across chunk boundaries."""
 
     __slots__ = ("_buffer", "_skip_lf")
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._buffer = b""
         self._skip_lf = False
 
     def feed(self, chunk: bytes) -> list[str]:
-        lines: list[str] = []
         if not chunk:
-            return lines
-        if self._skip_lf and chunk.startswith(b"\n"):
-            chunk = chunk[1:]
-        self._skip_lf = False
-        buffer = self._buffer
-        buffer += chunk
+            return []
+        if self._skip_lf:
+            # The previous chunk ended in CR: an LF here belongs to that line end.
+            self._skip_lf = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
+        buffer = self._buffer + chunk if self._buffer else chunk
+        lines: list[str] = []
         start = 0
-        size = len(buffer)
-        index = 0
-        while index < size:
-            byte = buffer[index]
-            if byte == 0x0A or byte == 0x0D:
-                lines.append(buffer[start:index].decode("utf-8", "replace"))
-                if byte == 0x0D:
-                    if index + 1 < size:
-                        if buffer[index + 1] == 0x0A:
-                            index += 1
-                    else:
-                        self._skip_lf = True
-                start = index + 1
-            index += 1
-        del buffer[:start]
+        for match in _LINE_END.finditer(buffer):
+            lines.append(buffer[start : match.start()].decode("utf-8", "replace"))
+            start = match.end()
+        if start and buffer[start - 1 : start] == b"\r" and start == len(buffer):
+            self._skip_lf = True
+        self._buffer = buffer[start:]
         return lines
 
     def finish(self) -> list[str]:
         if not self._buffer:
             return []
         line = self._buffer.decode("utf-8", "replace")
-        self._buffer.clear()
+        self._buffer = b""
         return [line]
 
 
