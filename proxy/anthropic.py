@@ -788,6 +788,8 @@ class MessageEvents:
 
     def _tool_call(self, call: Body, position: int, events: list[Event]) -> None:
         index = call.get("index", position)
+        if isinstance(index, (list, dict)):
+            raise UpstreamError("the engine sent a tool call whose index is not a number")
         function: Body = call["function"] if isinstance(call.get("function"), dict) else {}
         if index not in self._tools:
             name = function.get("name")

@@ -143,6 +143,8 @@ async def chat_stream(
                     yield chunk
             if done:
                 break
+        if not done and decoder.pending:
+            raise UpstreamError(f"upstream {upstream.base_url} ended its stream inside an event")
     finally:
         response.close()
     if extractor is None:

@@ -283,8 +283,8 @@ def _reasoning_text(item: Body) -> str | None:
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key)
         if isinstance(parts, list):
-            texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == part_type]
-            texts = [text for text in texts if isinstance(text, str) and text]
+            found = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == part_type]
+            texts = [text for text in found if isinstance(text, str) and text]
             if texts:
                 return "\n".join(texts)
     return None
@@ -630,19 +630,32 @@ class _Item:
     announced: bool = False  # output_item.added sent (a call waits for its name)
 
 
+def _tokens(usage: Body, key: str, detail: str | None = None) -> int:
+    """A token count from the engine's usage; anything but a number there counts as 0."""
+    value = usage.get(key)
+    if detail is not None:
+        value = value.get(detail) if isinstance(value, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _usage(chat_usage: Any) -> Body | None:
+    """Responses usage from a chat ``usage`` object.
+
+    >>> _usage({"prompt_tokens": 3, "completion_tokens": "2", "prompt_tokens_details": []})["total_tokens"]
+    3
+    """
     if not isinstance(chat_usage, dict):
         return None
-    prompt = chat_usage.get("prompt_tokens") or 0
-    completion = chat_usage.get("completion_tokens") or 0
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt = _tokens(chat_usage, "prompt_tokens")
+    completion = _tokens(chat_usage, "completion_tokens")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": _tokens(chat_usage, "prompt_tokens_details", "cached_tokens")},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": chat_usage.get("total_tokens") or prompt + completion,
+        "output_tokens_details": {
+            "reasoning_tokens": _tokens(chat_usage, "completion_tokens_details", "reasoning_tokens")
+        },
+        "total_tokens": _tokens(chat_usage, "total_tokens") or prompt + completion,
     }
 
 

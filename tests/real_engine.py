@@ -52,8 +52,8 @@ class RealEngine:
                 self.process.wait()
 
 
-def start_real_engine(log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0) -> RealEngine:
-    port = free_port()
+def start_real_engine(log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0, port: int | None = None) -> RealEngine:
+    port = port or free_port()
     api_key = "test-engine-key"
     log = log_dir / f"llama-{port}.log"
     command = [

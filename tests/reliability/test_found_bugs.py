@@ -1,0 +1,131 @@
+"""Regression tests for the bugs this suite found, each through the real HTTP path.
+
+Before the fixes, each request here made toolpair answer a bare 500 (an exception
+escaped a handler) or, once a stream had begun, cut the client's connection without
+an in-band error. Each now gets a 4xx in its dialect, or is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.adapt import adapt_chat_request
+from proxy.engines import engine_profile
+from proxy.order import order_responses_items
+from proxy.responses import ResponsesStream, translate_request
+from tests.mock_engine import Received, chunk
+from tests.reliability.client import post
+from tests.reliability.conftest import Proxy
+from tests.reliability.streams import check_error_body, check_stream
+from tests.reliability.workload import body
+
+# --- requests that made the llama-cpp-python adaptation raise ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": ["user"], "content": "hi"},  # adapt: `role in frozenset` on a list
+        {"role": {"r": 1}, "content": None},
+        {"role": "system", "content": [{"type": ["text"], "text": "hi"}]},  # adapt: a part's type as a list
+        {"role": "system", "content": [{"type": {"t": 1}, "text": "hi"}]},
+    ],
+)
+async def test_a_role_or_part_type_of_the_wrong_type_is_a_400(llama_proxy: Proxy, message: dict[str, Any]) -> None:
+    answer = await post(llama_proxy.url, "chat", {"model": "m", "messages": [message]})
+    assert answer.status == 400 and answer.toolpairs, answer.body
+    check_error_body("chat", answer.body)
+    assert llama_proxy.engine.received == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": 5},  # adapt.refuse_custom_tools and engine_plan._function_tools iterated it
+        {"tools": 5, "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}},
+    ],
+)
+async def test_tools_that_are_not_a_list_do_not_break_the_adaptation(llama_proxy: Proxy, extra: dict[str, Any]) -> None:
+    answer = await post(
+        llama_proxy.url, "chat", {"model": "m", "messages": [{"role": "user", "content": "x"}], **extra}
+    )
+    assert answer.status == 200, answer.body  # the engine decides; here the mock accepts it
+    assert len(llama_proxy.engine.received) == 1
+
+
+# --- Responses requests -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [["function_call"], {"t": "function_call_output"}])
+async def test_an_input_item_type_that_is_a_list_or_object_is_a_400(llama_proxy: Proxy, kind: object) -> None:
+    request = {"input": [{"role": "user", "content": "x"}, {"type": kind, "call_id": "a"}]}
+    answer = await post(llama_proxy.url, "responses", request)
+    assert answer.status == 400 and answer.toolpairs, answer.body
+    check_error_body("responses", answer.body)
+    # order.order_responses_items looked such a type up in a frozenset.
+    items = [{"type": "function_call", "call_id": "a"}, {"type": kind}]
+    assert order_responses_items(items)[0] is items
+
+
+async def test_a_reasoning_summary_part_without_text_is_skipped(llama_proxy: Proxy) -> None:
+    reasoning = {"type": "reasoning", "summary": [{"type": "summary_text"}]}
+    answer = await post(llama_proxy.url, "responses", {"input": [{"role": "user", "content": "x"}, reasoning]})
+    assert answer.status == 200, answer.body
+    assert answer.json()["status"] == "completed"
+
+
+# --- engine replies of the wrong shape, mid-stream ------------------------------------------
+
+
+def _stream_of(*chunks: bytes) -> Any:
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in chunks:
+            await response.write(piece)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+async def test_usage_of_the_wrong_shape_ends_a_responses_stream_normally(llama_proxy: Proxy) -> None:
+    usage = {"prompt_tokens": "5", "completion_tokens": [1], "prompt_tokens_details": ["x"], "total_tokens": {}}
+    head = b'data: {"object":"chat.completion.chunk","choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n"
+    llama_proxy.engine.then(_stream_of(chunk({"content": "hi"}), head, chunk({}, "stop")))
+    answer = await post(llama_proxy.url, "responses", body("responses"))
+    stream = check_stream("responses", answer.body)
+    assert stream.outcome == "complete" and stream.text == "hi"
+    assert stream.events[-1][1]["response"]["usage"]["total_tokens"] == 0
+
+
+async def test_a_tool_call_index_that_is_a_list_is_an_anthropic_error_event(llama_proxy: Proxy) -> None:
+    bad = chunk({"tool_calls": [{"index": [0], "id": "c", "function": {"name": "read", "arguments": "{}"}}]})
+    llama_proxy.engine.then(_stream_of(chunk({"content": "hi"}), bad))
+    answer = await post(llama_proxy.url, "anthropic", body("anthropic"))
+    stream = check_stream("anthropic", answer.body)
+    assert stream.outcome == "error" and "index" in (stream.error or {})["message"]
+
+
+async def test_a_choice_index_that_is_a_list_goes_through_the_chat_extractor_untouched(llama_proxy: Proxy) -> None:
+    odd = b'data: {"object":"chat.completion.chunk","choices":[{"index":[0],"delta":{"content":"x"}}]}\n\n'
+    llama_proxy.engine.then(_stream_of(chunk({"content": "hi"}), odd, chunk({}, "stop")))
+    answer = await post(llama_proxy.url, "chat", body("chat"))
+    stream = check_stream("chat", answer.body)
+    assert stream.outcome == "complete"
+    assert [c["choices"][0]["index"] for _, c in stream.events if c["choices"]][-2] == [0]
+
+
+def test_the_pure_pieces_directly() -> None:
+    profile = engine_profile("llama-cpp-python")
+    assert adapt_chat_request({"messages": [], "tools": 5}, profile)[1] == ()
+    plan = translate_request({"input": "x"})
+    stream = ResponsesStream(plan, "resp_1", 0)
+    stream.start()
+    stream.feed({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": None}})
+    assert stream.finish()[-1]["response"]["usage"]["total_tokens"] == 2
