@@ -58,6 +58,7 @@ class NormalizeJob:
     workers: int = 1
     validate: bool = False  # parse lines without ID markers too, to count bad ones
     progress: bool | None = None  # None: only when stderr is a terminal
+    block_size: int | None = None  # bytes read at a time; None: 1 MiB, or 4 MiB per worker task
 
 
 class _Source:
@@ -198,7 +199,7 @@ class _Run:
 
     def in_process(self) -> None:
         line = 1
-        for block in self.source.blocks(READ_SIZE):
+        for block in self.source.blocks(self.job.block_size or READ_SIZE):
             out, part = normalize_block(block, line, validate=self.job.validate)
             line += part.lines
             self.emit(len(block), out, part)
@@ -211,7 +212,7 @@ class _Run:
         pending: deque[tuple[bytes, Future[tuple[list[Edit], NormalizeTally]]]] = deque()
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker) as pool:
             line = 1
-            for block in self.source.blocks(WORKER_BLOCK):
+            for block in self.source.blocks(self.job.block_size or WORKER_BLOCK):
                 pending.append((block, pool.submit(block_edits, block, line, validate=self.job.validate)))
                 line += _count_lines(block)
                 if len(pending) >= 2 * workers:
