@@ -79,6 +79,11 @@ class _Source:
         self.stream: BinaryIO | gzip.GzipFile = self.file
         if magic == GZIP_MAGIC:
             self.stream = gzip.GzipFile(fileobj=self.file, mode="rb")
+        # A plain named file can be read by worker processes themselves, by offset.
+        self.identity: tuple[str, int, int] | None = None
+        if self.size is not None and name != "-" and self.stream is self.file:
+            info = os.fstat(self.file.fileno())
+            self.identity = (os.path.abspath(name), info.st_dev, info.st_ino)
 
     def fraction(self) -> float | None:
         """How far through the (compressed) file reading is, when its size is known."""
@@ -173,6 +178,42 @@ def _quiet_worker() -> None:
     gc.disable()  # parsed records hold no cycles; the collector would only walk them
 
 
+@dataclass(frozen=True)
+class _FileSlice:
+    """Where a block lies in the input file: what a worker is sent instead of the bytes."""
+
+    path: str
+    device: int
+    inode: int
+    offset: int
+    length: int
+
+
+_worker_files: dict[str, int] = {}  # in a worker process: the input file, opened once
+
+
+def _slice_edits(part: _FileSlice, first_line: int, validate: bool) -> tuple[list[Edit], NormalizeTally]:
+    """In a worker: read the block from the file itself, so the data never crosses a pipe."""
+    fd = _worker_files.get(part.path)
+    if fd is None:
+        fd = os.open(part.path, os.O_RDONLY)
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != (part.device, part.inode):
+            os.close(fd)
+            raise NormalizeFailed(f"{part.path} was replaced while it was being read")
+        _worker_files[part.path] = fd
+    pieces = []
+    done = 0
+    while done < part.length:
+        piece = os.pread(fd, part.length - done, part.offset + done)
+        if not piece:
+            raise NormalizeFailed(f"{part.path} shrank while it was being read")
+        pieces.append(piece)
+        done += len(piece)
+    block = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return block_edits(block, first_line, validate=validate)
+
+
 class _Run:
     """The state of one run: the tally so far, the output, the progress line."""
 
@@ -208,13 +249,21 @@ class _Run:
         workers = self.job.workers
         context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
         # Each worker sends back only the lines that changed; this process keeps the
-        # block and splices them in, so only one copy of the data crosses the pipes.
+        # block and splices them in. From a plain file, workers read their blocks
+        # themselves; otherwise (stdin, gzip) the block is sent to them.
+        identity = self.source.identity
+        validate = self.job.validate
         pending: deque[tuple[bytes, Future[tuple[list[Edit], NormalizeTally]]]] = deque()
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker) as pool:
-            line = 1
+            line, offset = 1, 0
             for block in self.source.blocks(self.job.block_size or WORKER_BLOCK):
-                pending.append((block, pool.submit(block_edits, block, line, validate=self.job.validate)))
+                if identity is not None:
+                    part = _FileSlice(*identity, offset, len(block))
+                    pending.append((block, pool.submit(_slice_edits, part, line, validate)))
+                else:
+                    pending.append((block, pool.submit(block_edits, block, line, validate=validate)))
                 line += _count_lines(block)
+                offset += len(block)
                 if len(pending) >= 2 * workers:
                     self._splice(*pending.popleft())
             while pending:

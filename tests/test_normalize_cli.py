@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.normalize import normalize_line
-from proxy.normalize_cli import NormalizeJob, run_normalize
+from proxy.normalize_cli import NormalizeFailed, NormalizeJob, _FileSlice, _slice_edits, run_normalize
 from tests.dataset_records import anthropic, chat, jsonl, responses, sharegpt
 from tests.real_engine import TEMPLATE, RealEngine
 
@@ -205,17 +205,34 @@ def test_workers_write_the_same_bytes_as_one(tmp_path: Path) -> None:
     assert runs["1"][1]["records_changed"] == 300 * 42 + 1  # 40 + lines 1 and 7 of MIXED, then its line 10
 
 
-def test_workers_in_process_with_tiny_blocks_match_one_worker(tmp_path: Path) -> None:
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(MIXED * 20)
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz"])  # workers read a plain file themselves
+def test_workers_in_process_with_tiny_blocks_match_one_worker(tmp_path: Path, name: str) -> None:
+    source = tmp_path / name
+    data = MIXED * 20
+    source.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     results = []
     for workers in (1, 3):
         out, report = tmp_path / f"o{workers}.jsonl", tmp_path / f"r{workers}.json"
         job = NormalizeJob(str(source), str(out), report=str(report), workers=workers, block_size=700)
-        assert run_normalize(job, stderr=open(os.devnull, "w")) == 0  # noqa: SIM115
+        with open(os.devnull, "w") as quiet:
+            assert run_normalize(job, stderr=quiet) == 0
         results.append((out.read_bytes(), json.loads(report.read_text())))
     assert results[0] == results[1]
     assert results[0][1]["lines"] == MIXED.count(b"\n") * 20 + 1
+
+
+def test_a_worker_refuses_a_file_that_changed_under_it(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(MIXED)
+    info = source.stat()
+    good = _FileSlice(str(source), info.st_dev, info.st_ino, 0, 20)
+    assert _slice_edits(good, 1, False)[1].lines == 1
+    with pytest.raises(NormalizeFailed, match="shrank"):
+        _slice_edits(_FileSlice(str(source), info.st_dev, info.st_ino, len(MIXED) - 5, 10), 1, False)
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(MIXED)
+    with pytest.raises(NormalizeFailed, match="replaced"):
+        _slice_edits(_FileSlice(str(other), info.st_dev, info.st_ino, 0, 20), 1, False)
 
 
 def test_rewriting_a_file_in_place(tmp_path: Path) -> None:
