@@ -148,6 +148,8 @@ def _run_normalize(args: argparse.Namespace) -> int:
         # complaining when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:
+        return 130  # run_normalize has already removed any half-written output
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -346,6 +346,8 @@ def run_normalize(
         if sink is not None:
             try:
                 sink.commit()
+            except BrokenPipeError:
+                raise
             except OSError as exc:
                 raise NormalizeFailed(f"cannot write {sink.name}: {exc}") from None
         _write_report(job, run.tally)

@@ -353,8 +353,8 @@ def test_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
 
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     small.write_bytes(MIXED)
-    large.write_bytes((MIXED + b"\n") * 30000)
-    assert large.stat().st_size > 60_000_000
+    large.write_bytes((MIXED + b"\n") * 20000)
+    assert large.stat().st_size > 40_000_000
     growth_mb = (peak_rss_kb(large) - peak_rss_kb(small)) / 1024
     assert growth_mb < 16, f"peak memory grew by {growth_mb:.0f} MB for a {large.stat().st_size >> 20} MB file"
 
