@@ -11,15 +11,17 @@ bytes, with what happened to it:
 - A line that is not JSON comes back unchanged and is counted as bad; a blank
   line comes back unchanged.
 
-Which rules apply to a record (form detection, per record):
+Which rules apply to a parsed record (form detection, per record, by shape):
 
-- ``messages`` (a list) gets the Chat Completions rules when the line contains
-  ``tool_call_id``, and the Anthropic rules when it contains ``tool_use_id``.
-  A list holding both (a converted or mixed trace) gets both. That is safe: the
-  chat rules only permute ``role: "tool"`` messages, the Anthropic rules only
-  permute ``tool_result`` blocks inside ``role: "user"`` messages, so neither
-  touches what the other moves and the order of the two passes does not matter.
-- ``input`` (a list) gets the Responses rules when the line contains ``call_id``.
+- ``messages`` (a list) is checked with the Chat Completions rules and then with
+  the Anthropic rules. Each set only sees its own shapes: the chat rules permute
+  ``role: "tool"`` messages after an assistant ``tool_calls`` turn, the Anthropic
+  rules permute ``tool_result`` blocks inside the ``role: "user"`` messages after
+  an assistant turn with ``tool_use`` blocks. So a chat list is untouched by the
+  Anthropic rules and the other way round, and a list holding both forms (a
+  converted or mixed trace) gets both, with the same result in either order.
+  Running both is also cheaper than scanning the line again to pick one.
+- ``input`` (a list) is checked with the Responses rules.
 - Anything else (ShareGPT ``conversations``, plain text, non-objects) passes
   through unchanged.
 """
@@ -50,7 +52,6 @@ __all__ = [
     "order_record",
 ]
 
-CHAT_MARKER = b"tool_call_id"
 ANTHROPIC_MARKER = b"tool_use_id"
 RESPONSES_MARKER = b"call_id"
 ID_MARKERS = (RESPONSES_MARKER, ANTHROPIC_MARKER)
@@ -92,8 +93,7 @@ def order_record(
 ) -> tuple[JSON, OrderReport]:
     """Put each run of one dataset record in call order; the same object when nothing moved.
 
-    The flags switch the rules of each form off (``normalize_line`` sets them from
-    the markers present in the line).
+    The flags switch a form's rules off, for callers that know the form.
 
     >>> calls = {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]}
     >>> record = {"messages": [calls, {"role": "tool", "tool_call_id": "b"},
@@ -111,16 +111,16 @@ def order_record(
         ordered = messages
         if chat:
             ordered, found = order_chat_results(ordered)
-            report = report.merged(found)
+            report = found if report is _NO_RUNS else report.merged(found)
         if anthropic:
             ordered, found = order_anthropic_results(ordered)
-            report = report.merged(found)
+            report = found if report is _NO_RUNS else report.merged(found)
         if ordered is not messages:
             changes["messages"] = ordered
     items = record.get("input")
     if responses and isinstance(items, list):
         ordered, found = order_responses_items(items)
-        report = report.merged(found)
+        report = found if report is _NO_RUNS else report.merged(found)
         if ordered is not items:
             changes["input"] = ordered
     return ({**record, **changes} if changes else record), report
@@ -170,16 +170,6 @@ def _dump(value: JSON, exact: bool) -> bytes | None:
         return None
 
 
-def _order_parsed(record: JSON, line: bytes, has_call_id: bool) -> tuple[JSON, OrderReport]:
-    # A marker scan costs about as much as parsing a tenth of the line: scan only
-    # for what this record can use. Without ``call_id`` the line must hold ``tool_use_id``.
-    chat = anthropic = False
-    if isinstance(record, dict) and "messages" in record:
-        chat = has_call_id and CHAT_MARKER in line
-        anthropic = not has_call_id or ANTHROPIC_MARKER in line
-    return order_record(record, chat=chat, anthropic=anthropic, responses=has_call_id)
-
-
 def normalize_line(line: bytes, *, validate: bool = False) -> tuple[bytes, LineResult]:
     """Normalize one JSONL line (given without its ``\\n``); unchanged lines come back as is.
 
@@ -197,8 +187,7 @@ def normalize_line(line: bytes, *, validate: bool = False) -> tuple[bytes, LineR
     >>> normalize_line(b'{"conversations": []}')[0]
     b'{"conversations": []}'
     """
-    has_call_id = RESPONSES_MARKER in line
-    if not has_call_id and ANTHROPIC_MARKER not in line:
+    if RESPONSES_MARKER not in line and ANTHROPIC_MARKER not in line:
         if not line or line.isspace():
             return line, _BLANK
         return line, (_UNPARSED if not validate or _load(line) is not None else _BAD)
@@ -206,12 +195,12 @@ def normalize_line(line: bytes, *, validate: bool = False) -> tuple[bytes, LineR
     if loaded is None:
         return line, _BAD
     record, exact = loaded
-    ordered, report = _order_parsed(record, line, has_call_id)
+    ordered, report = order_record(record)
     if ordered is record:
         return line, LineResult(LineKind.RECORD, False, report)
     if not exact and _TWENTY_DIGITS in line.translate(_DIGITS_AS_ZERO):
         try:
-            ordered, report = _order_parsed(_load_exact(line), line, has_call_id)
+            ordered, report = order_record(_load_exact(line))
             exact = True
         except (ValueError, RecursionError):
             pass  # orjson's reading stands
