@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
@@ -128,6 +127,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
 
 def _run_normalize(args: argparse.Namespace) -> int:
+    import os
+
     from proxy.normalize_cli import NormalizeFailed, NormalizeJob, run_normalize
 
     job = NormalizeJob(
