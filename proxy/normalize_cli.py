@@ -38,9 +38,9 @@ from proxy.progress import Progress
 __all__ = ["NormalizeFailed", "NormalizeJob", "run_normalize"]
 
 READ_SIZE = 1 << 20
-WORKER_BLOCK = 4 << 20  # fewer, larger blocks keep the pool's pickling overhead small
+WORKER_BLOCK = 4 << 20  # fewer, larger tasks keep the pool's per-task overhead small
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_LEVEL = 6  # gzip's own default: a fair trade of speed for size
+GZIP_LEVEL = 1  # zlib level 1 writes about 100 MB/s; level 6 (gzip's default) about 17 MB/s, for a 25% smaller file
 
 
 class NormalizeFailed(Exception):
