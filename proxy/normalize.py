@@ -69,7 +69,7 @@ _BOM = b"\xef\xbb\xbf"
 class LineKind(StrEnum):
     """What a line turned out to be."""
 
-    RECORD = "record"  # a JSON value (only objects can hold a run)
+    RECORD = "record"  # a JSON value, or a line without ID markers, which is not parsed
     BLANK = "blank"  # empty or whitespace only
     BAD = "bad"  # not JSON, or JSON toolpair cannot read and write back faithfully
 

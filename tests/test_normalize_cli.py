@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.normalize import normalize_line
@@ -98,6 +98,15 @@ def test_mixed_file_with_bad_and_blank_lines(tmp_path: Path) -> None:
     assert done.stdout == b""
     assert b"1 bad line(s) copied through unchanged (first at line 4)" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_validate_also_counts_bad_lines_without_id_markers(tmp_path: Path) -> None:
+    source, out, report = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "report.json"
+    source.write_bytes(MIXED)
+    assert toolpair(source, "-o", out, "--report", report, "--validate").returncode == 0
+    check_mixed_output(out.read_bytes())
+    summary = json.loads(report.read_text())
+    assert (summary["bad_lines"], summary["bad_line_numbers"], summary["records_read"]) == (2, [4, 8], 6)
 
 
 def test_gzip_round_trip(tmp_path: Path) -> None:
@@ -372,7 +381,7 @@ _line = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(
     lines=st.lists(_line, max_size=20),
     final_newline=st.booleans(),
