@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench clean
+.PHONY: test lint unit serve bench bench-normalize clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ test: lint unit
 
 bench: $(VENV)/.deps-test
 	$(PY) bench/proxy_overhead.py
+
+bench-normalize: $(VENV)/.deps-test
+	$(PY) bench/normalize_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

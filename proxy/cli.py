@@ -8,8 +8,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.engine_plan import TOOL_CALL_FORMATS
@@ -25,8 +23,9 @@ reaches the model, so chat templates that render results by position pair each
 result with the right call.
 
 commands:
-  proxy   run as a sidecar in front of an OpenAI-compatible engine you already run
-          (also serves Anthropic Messages: /v1/messages, /v1/messages/count_tokens)
+  proxy      run as a sidecar in front of an OpenAI-compatible engine you already run
+             (Chat Completions, Anthropic Messages and Responses)
+  normalize  put tool results in JSONL datasets into call order, with the proxy's rules
 """
 
 
@@ -85,7 +84,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
+    _add_normalize_parser(commands)
     return parser
+
+
+def _add_normalize_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    normalize = commands.add_parser(
+        "normalize",
+        help="put tool results in JSONL datasets into call order",
+        description=(
+            "Rewrite a JSONL dataset of chat, Anthropic or Responses records so that each run of tool "
+            "results is in call order, with the rules the proxy applies. Every input line gives one "
+            "output line; records that do not change are written back byte for byte, lines that are "
+            "not JSON are copied through and counted. IN may be '-' (stdin) and may be gzip. "
+            "Exit status: 0 done, 1 --check found records that would change, 2 a file problem."
+        ),
+    )
+    normalize.add_argument("input", metavar="IN", help="JSONL or JSONL.gz file, or - for stdin")
+    target = normalize.add_mutually_exclusive_group()
+    target.add_argument("-o", "--output", metavar="OUT", help="write here (.gz compresses); default stdout")
+    target.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if any record would change (for CI)"
+    )
+    normalize.add_argument("--report", metavar="FILE", help="write counts, kept-run reasons and bad lines as JSON")
+    normalize.add_argument("--workers", type=_positive, default=1, metavar="N", help="processes to use (default 1)")
+    normalize.add_argument(
+        "--validate",
+        action="store_true",
+        help="also parse lines without tool-result IDs, so bad ones among them are counted (slower)",
+    )
+    normalize.set_defaults(run=_run_normalize)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _settings(args: argparse.Namespace, *names: str) -> Settings:
@@ -99,6 +134,8 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    from aiohttp import web  # here, not at the top: `toolpair normalize` starts without it
+
     from proxy.server import create_app
 
     settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
@@ -132,6 +169,33 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
+
+
+def _run_normalize(args: argparse.Namespace) -> int:
+    import os
+
+    from proxy.normalize_cli import NormalizeFailed, NormalizeJob, run_normalize
+
+    job = NormalizeJob(
+        source=args.input,
+        output=args.output,
+        check=args.check,
+        report=args.report,
+        workers=args.workers,
+        validate=args.validate,
+    )
+    try:
+        return run_normalize(job)
+    except NormalizeFailed as exc:
+        print(f"toolpair normalize: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader of stdout went away: end quietly, and keep Python from
+        # complaining when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130  # run_normalize has already removed any half-written output
 
 
 def main(argv: Sequence[str] | None = None) -> int:
