@@ -8,7 +8,8 @@ Exception tree (each knows its HTTP status and error type)::
     ├── UpstreamError             502  the upstream failed or answered garbage
     │   ├── UpstreamTimeoutError  504  the upstream did not answer in time
     │   └── UpstreamStatusError   4xx/5xx  the engine refused a translated request
-    └── EngineUnavailableError    503  the managed engine is not ready
+    ├── EngineUnavailableError    503  the managed engine is not ready
+    └── QueueFullError            429  the managed engine's queue is full
 
 Each error is turned into bytes in exactly one place, :func:`error_body`, in
 the dialect of the route the client called. Bodies carry ``"source":
@@ -26,6 +27,7 @@ __all__ = [
     "ClientInputError",
     "Dialect",
     "EngineUnavailableError",
+    "QueueFullError",
     "ToolpairError",
     "UpstreamError",
     "UpstreamStatusError",
@@ -50,6 +52,8 @@ class ToolpairError(Exception):
     openai_type = "server_error"
     anthropic_type = "api_error"
     code = "internal_error"
+    retry_after: int | None = None
+    """Seconds, sent as ``Retry-After`` when set."""
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -114,6 +118,23 @@ class EngineUnavailableError(ToolpairError):
     openai_type = "engine_unavailable"
     anthropic_type = "overloaded_error"
     code = "engine_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFullError(ToolpairError):
+    """Raised when a request finds the engine's waiting queue full (``max_queue``)."""
+
+    status = 429
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def _error_object(error: ToolpairError, dialect: Dialect) -> dict[str, object]:

@@ -8,7 +8,7 @@ values and become responses in one place, :func:`error_response`.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import aiohttp
@@ -54,7 +54,10 @@ def error_response(error: ToolpairError, dialect: Dialect) -> web.Response:
         status=error.status,
         body=error_body(error, dialect),
         content_type="application/json",
-        headers={"X-Toolpair-Error": error.code},
+        headers={
+            "X-Toolpair-Error": error.code,
+            **({"Retry-After": str(error.retry_after)} if error.retry_after else {}),
+        },
     )
 
 
@@ -171,9 +174,16 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings, upstream: Upstream | None = None, admission: Admission = admit_all
+    settings: Settings,
+    upstream: Upstream | None = None,
+    admission: Admission = admit_all,
+    routes: Sequence[web.AbstractRouteDef] = (),
 ) -> web.Application:
-    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``)."""
+    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``).
+
+    ``routes`` are answered by toolpair itself (``serve`` adds health and
+    readiness); they are registered before the catch-all passthrough.
+    """
     if upstream is None:
         if not settings.upstream:
             raise ValueError("an upstream URL is required")
@@ -189,5 +199,6 @@ def create_app(
     app.cleanup_ctx.append(_upstream_ctx)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, chat_completions)
+    app.router.add_routes(routes)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app

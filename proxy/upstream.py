@@ -50,7 +50,12 @@ def forwardable_headers(headers: Mapping[str, str], drop: Iterable[str] = ()) ->
 
 
 class Upstream:
-    """An OpenAI-compatible server that requests are forwarded to."""
+    """An OpenAI-compatible server that requests are forwarded to.
+
+    With ``api_key`` set, every request carries ``Authorization: Bearer
+    <api_key>`` instead of the client's credentials, and no ``x-api-key``: the
+    engine's key is toolpair's, not the client's.
+    """
 
     def __init__(
         self,
@@ -58,8 +63,10 @@ class Upstream:
         *,
         connect_timeout: float = 10.0,
         read_timeout: float | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
 
@@ -91,6 +98,9 @@ class Upstream:
         """
         if self._session is None:
             raise UpstreamError(f"upstream {self.base_url} is not started")
+        if self._api_key is not None:
+            headers = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in ("authorization", "x-api-key"))
+            headers["Authorization"] = f"Bearer {self._api_key}"
         try:
             return await self._session.request(
                 method, self.base_url + path_qs, headers=headers, data=body, allow_redirects=False
