@@ -273,8 +273,8 @@ def _verify(python: str) -> dict[str, object]:
 
 
 def _prefix(python: str) -> Path:
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        return Path(sys.prefix)
+    if python == sys.executable:
+        return Path(sys.prefix)  # a venv's python links to the base interpreter: compare names, not files
     return Path(_run([python, "-c", "import sys; print(sys.prefix)"], "finding the target environment").strip())
 
 
