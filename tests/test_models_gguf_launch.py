@@ -11,7 +11,14 @@ import pytest
 from engine_launcher import models
 from engine_launcher.gguf import GGUFError, chat_template, context_length, read_metadata
 from engine_launcher.launch import SERVER_SETTING_NAMES, EngineLaunch, engine_command, engine_env
-from engine_launcher.models import DEFAULT_TEMPLATE, ModelError, bundled_model, cache_root, check_template, choose_template
+from engine_launcher.models import (
+    DEFAULT_TEMPLATE,
+    ModelError,
+    bundled_model,
+    cache_root,
+    check_template,
+    choose_template,
+)
 
 
 def gguf_string(text: str) -> bytes:

@@ -128,7 +128,7 @@ async def test_a_request_waits_for_the_engine_then_gets_503() -> None:
         await never.wait()
 
     queue = EngineQueue(not_ready, ready_timeout=0.05)
-    with pytest.raises(EngineUnavailableError, match="did not become ready within 0.05s") as refused:
+    with pytest.raises(EngineUnavailableError, match=r"did not become ready within 0\.05s") as refused:
         async with queue(NO_REQUEST):
             pass
     assert refused.value.status == 503 and refused.value.retry_after
@@ -176,9 +176,12 @@ def blocking(engine: MockEngine, release: asyncio.Event) -> asyncio.Event:
     return reached
 
 
-async def until(condition: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
+async def until(condition: Any, within: float = 5.0) -> None:
+    """Poll an in-process condition (the queue's counters have no event to wait on)."""
+    async with asyncio.timeout(within):
+        while True:
+            if condition():
+                return
             await asyncio.sleep(0.01)
 
 
@@ -249,7 +252,9 @@ async def test_an_engine_that_is_not_ready_gives_503(engine: MockEngine) -> None
     try:
         async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=CHAT) as r:
             body = await r.json()
-            assert r.status == 503 and r.headers["Retry-After"] and r.headers["X-Toolpair-Error"] == "engine_unavailable"
+            assert (
+                r.status == 503 and r.headers["Retry-After"] and r.headers["X-Toolpair-Error"] == "engine_unavailable"
+            )
         assert body["error"]["type"] == "engine_unavailable" and body["error"]["source"] == "toolpair"
         assert engine.received == []
     finally:

@@ -45,10 +45,11 @@ class Watched:
         self.seen: list[EngineState] = []
         self.engine.add_listener(lambda old, new: (self.seen.append(new), self.states.put_nowait(new)))
 
-    async def until(self, state: EngineState, timeout: float = 20.0) -> None:
+    async def until(self, state: EngineState, within: float = 20.0) -> None:
         """Wait for the next change to ``state`` (changes reported so far are consumed in order)."""
-        while (await asyncio.wait_for(self.states.get(), timeout)) is not state:
-            pass
+        async with asyncio.timeout(within):
+            while (await self.states.get()) is not state:
+                pass
 
     def forget(self) -> None:
         """Drop the changes reported so far, so that until() waits for new ones."""
@@ -154,7 +155,9 @@ async def test_a_crash_restarts_the_engine(supervised: Callable[..., Watched]) -
 
 async def test_repeated_crashes_make_it_give_up(supervised: Callable[..., Watched]) -> None:
     reasons: list[str] = []
-    w = supervised("serve", RestartPolicy(max_restarts=2, backoff_base=0.01, backoff_max=0.02), on_give_up=reasons.append)
+    w = supervised(
+        "serve", RestartPolicy(max_restarts=2, backoff_base=0.01, backoff_max=0.02), on_give_up=reasons.append
+    )
     await w.engine.ensure_ready()
     w.forget()
     for crash in (1, 2, 3):
