@@ -30,7 +30,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # gone, possibly between open and read
         return False
 
 
@@ -119,17 +119,19 @@ async def test_a_first_start_that_fails_gives_up_with_the_engines_last_lines(
 async def test_a_stop_during_a_slow_start_cancels_it_and_kills_the_child(supervised: Callable[..., Watched]) -> None:
     w = supervised("hang")
     waiting = asyncio.create_task(w.engine.ensure_ready())
-    await w.until(EngineState.STARTING)
-    await w.engine.start()  # a start request while starting changes nothing
-    # The owner handles requests in order, so the child exists once this returns.
-    stop = asyncio.create_task(w.engine.stop())
-    await w.until(EngineState.STOPPING)
+    async with asyncio.timeout(20):
+        while True:  # until the child runs and has said so (its output has no event to wait on)
+            if w.engine.recent_log():
+                break
+            await asyncio.sleep(0.01)
     pid = w.engine.pid
     assert pid is not None and alive(pid)
-    await stop
+    await w.engine.start()  # a start request while starting changes nothing
+    await w.engine.stop()
     with pytest.raises(EngineUnavailable, match="stopping"):
         await waiting
-    assert w.engine.state is EngineState.STOPPED and not alive(pid)
+    assert w.seen == [EngineState.STARTING, EngineState.STOPPING, EngineState.STOPPED]
+    assert not alive(pid)
 
 
 async def test_a_start_that_never_answers_times_out(supervised: Callable[..., Watched]) -> None:
