@@ -49,7 +49,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["ChildSpec", "EngineState", "EngineSupervisor", "EngineUnavailable", "RestartPolicy"]
+__all__ = ["ChildSpec", "EngineState", "EngineSupervisor", "EngineUnavailable", "RestartPolicy", "die_with_parent"]
 
 log = logging.getLogger("toolpair.engine")
 
@@ -147,7 +147,7 @@ Listener = Callable[[EngineState, EngineState], None]
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """A preexec_fn that makes the kernel SIGKILL the child when its parent thread dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -240,13 +240,16 @@ class EngineSupervisor:
         if self._owner is None:
             self._owner = asyncio.get_running_loop().create_task(self._own(), name="engine-owner")
         elif self._owner.done():
-            # Shut down: nobody reads the inbox any more, so answer here.
-            if isinstance(message, _EnsureReady):
-                message.waiter.set_exception(EngineUnavailable("toolpair is shutting down"))
-            elif isinstance(message, _Stop):
-                message.done.set_result(None)
+            self._answer_after_shutdown(message)  # nobody reads the inbox any more
             return
         self._inbox.put_nowait(message)
+
+    @staticmethod
+    def _answer_after_shutdown(message: _Message) -> None:
+        if isinstance(message, _EnsureReady) and not message.waiter.done():
+            message.waiter.set_exception(EngineUnavailable("toolpair is shutting down"))
+        elif isinstance(message, _Stop) and not message.done.done():
+            message.done.set_result(None)
 
     async def start(self) -> None:
         """Ask for the engine to start; returns at once (see :meth:`ensure_ready`)."""
@@ -286,6 +289,8 @@ class EngineSupervisor:
                 log.exception("engine supervisor: error while handling %s", type(message).__name__)
             if self._state is EngineState.SHUTDOWN:
                 self._settle_waiters(EngineUnavailable(self._unavailable()))
+                while not self._inbox.empty():  # requests that arrived with the shutdown
+                    self._answer_after_shutdown(self._inbox.get_nowait())
                 for task in list(self._helpers):
                     task.cancel()
                 return
@@ -429,7 +434,7 @@ class EngineSupervisor:
                 stderr=asyncio.subprocess.STDOUT,
                 env=None if self.spec.env is None else dict(self.spec.env),
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         except OSError as exc:
             await self._crashed(f"could not be launched: {exc}", was_ready=False)

@@ -105,9 +105,13 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         if check_machine:
             found = detect_backend(os.environ, SystemProbes(timeout=3.0), explicit=settings.engine_backend)
             if found.backend.value != record.backend:
-                how = "chosen" if backend_choice is not None else f"found: {found.reason}"
+                wanted = (
+                    f"engine_backend is {found.backend.value}"
+                    if backend_choice is not None
+                    else f"this machine gets {found.backend.value} ({found.reason})"
+                )
                 warnings.append(
-                    f"the engine is built for {record.backend}, but {found.backend.value} is {how}; "
+                    f"the engine is built for {record.backend}, but {wanted}; "
                     f"run `toolpair engine install --backend {found.backend.value}`"
                 )
     gpu_layers = settings.engine_gpu_layers

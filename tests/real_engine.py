@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine_launcher import models
 from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
+from engine_launcher.process import die_with_parent
 
 __all__ = ["CACHE", "TEMPLATE", "RealEngine", "bundled_model", "free_port", "start_real_engine"]
 
@@ -56,6 +57,7 @@ def start_real_engine(log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0) 
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
         )
     engine = RealEngine(launch.url, launch.api_key, process, log)
     deadline = time.monotonic() + timeout

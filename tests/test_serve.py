@@ -1,13 +1,14 @@
 """`toolpair serve` as a real process: the CPU build of llama-cpp-python with the bundled model behind toolpair.
 
 One server is shared by the module (an engine start costs seconds); the
-tests run in file order and the last one shuts it down. Waits are for
+tests that use it run in file order and the last of them shuts it down. Waits are for
 conditions (a status code, a process exit), never fixed sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import subprocess
@@ -23,9 +24,14 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from engine_launcher.backends import Backend, Detection
+from engine_launcher.install import EngineRecord
 from engine_launcher.launch import free_port
-from engine_launcher.models import bundled_model
+from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model
+from engine_launcher.process import die_with_parent
+from proxy import serve
 from proxy.cli import main
+from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +95,7 @@ def launch_serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[by
         stderr=err.open("wb"),
         env={**os.environ, **env},
         cwd=ROOT,
+        preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
     )
     return process, out, err
 
@@ -398,3 +405,55 @@ async def test_an_engine_that_cannot_load_the_model_stops_serve_with_its_log(tmp
     assert "the engine failed to start: exited with status" in log
     assert "failed to load model" in log  # the engine's own words, from its output
     assert not children(process.pid)
+
+
+# --- decisions made before anything starts ------------------------------------------------------
+
+
+def record(backend: str) -> EngineRecord:
+    return EngineRecord(backend, "0.3.36", "w.whl", "0" * 64, backend != "cpu", [])
+
+
+def test_plan_for_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    plan = serve.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
+    launch = plan.launch
+    assert launch.model == bundled_model() and launch.chat_template == DEFAULT_TEMPLATE
+    assert launch.n_ctx == 8192  # the model's 32768, capped by engine_max_ctx
+    assert launch.n_gpu_layers == 0 and launch.host == "127.0.0.1" and len(launch.api_key) >= 32
+    assert plan.backend == "cpu" and plan.warnings == []
+    assert serve.plan_serve(Settings(engine_max_ctx=100_000), check_machine=False).launch.n_ctx == 32768
+    assert serve.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key
+
+
+def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
+    assert serve.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == -1
+    assert serve.plan_serve(Settings(engine_gpu_layers=12), check_machine=False).launch.n_gpu_layers == 12
+
+
+def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
+    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found"))
+    plan = serve.plan_serve(Settings())
+    assert plan.warnings == [
+        "the engine is built for cuda, but this machine gets cpu (no GPU found); "
+        "run `toolpair engine install --backend cpu`"
+    ]
+    monkeypatch.setattr(serve, "read_record", lambda: None)
+    assert "its backend is unknown" in serve.plan_serve(Settings()).warnings[0]
+
+
+def test_a_bad_template_or_backend_setting_is_refused(tmp_path: Path) -> None:
+    template = tmp_path / "t.json"
+    template.write_text("{}")
+    with pytest.raises(ConfigError, match="tokenizer_config-style JSON"):
+        serve.plan_serve(Settings(chat_template=str(template)), check_machine=False)
+    with pytest.raises(ConfigError, match="unknown backend 'rocm'"):
+        serve.plan_serve(Settings(engine_backend="rocm"), check_machine=False)
+
+
+def test_engine_detect_says_what_this_machine_gets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engine", "detect"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("backend: ") and "reason: " in out and "CMAKE_ARGS: " in out

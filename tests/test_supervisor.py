@@ -265,3 +265,13 @@ def test_the_engine_dies_with_a_killed_toolpair() -> None:
     if survived:
         os.kill(child, signal.SIGKILL)  # leave nothing behind, then fail
     assert not survived
+
+
+async def test_requests_that_race_a_shutdown_are_answered(supervised: Callable[..., Watched]) -> None:
+    w = supervised("serve")
+    await w.engine.ensure_ready()
+    results = await asyncio.gather(
+        w.engine.shutdown(), w.engine.stop(), w.engine.ensure_ready(), return_exceptions=True
+    )
+    assert results[0] is None and results[1] is None and isinstance(results[2], EngineUnavailable)
+    assert w.engine.state is EngineState.SHUTDOWN
