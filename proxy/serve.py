@@ -9,8 +9,8 @@ and an :class:`~proxy.queueing.EngineQueue` is the app's admission.
 stops accepting, gives requests in flight ``shutdown_grace`` seconds, then stops
 the engine.
 
-Two routes are answered by toolpair itself: ``/health`` (200 while the proxy
-is up) and ``/ready`` (200 only while the engine is ready).
+``/ready`` (:mod:`proxy.health`) answers 200 only while the engine is ready,
+with its state, restarts and queue in the body.
 """
 
 from __future__ import annotations
@@ -34,15 +34,16 @@ from engine_launcher.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.install import LLAMA_CPP_VERSION, read_record
 from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
 from engine_launcher.models import ModelError, bundled_model, choose_template
-from engine_launcher.process import ChildSpec, EngineSupervisor, EngineUnavailable, RestartPolicy
+from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from proxy import __version__
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
+from proxy.health import READINESS
 from proxy.queueing import EngineQueue
 from proxy.server import create_app
 from proxy.upstream import Upstream
 
-__all__ = ["ENGINE", "QUEUE", "ServePlan", "banner", "build_serve_app", "engine_routes", "plan_serve", "run_serve"]
+__all__ = ["ENGINE", "QUEUE", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
 
 log = logging.getLogger("toolpair")
 
@@ -158,8 +159,7 @@ def banner(settings: Settings, plan: ServePlan) -> str:
     )
 
 
-def _engine_status(app: web.Application) -> dict[str, Any]:
-    engine, queue = app[ENGINE], app[QUEUE]
+def _engine_status(engine: EngineSupervisor, queue: EngineQueue) -> dict[str, Any]:
     status: dict[str, Any] = {
         "state": engine.state.value,
         "restarts": engine.restarts,
@@ -168,22 +168,6 @@ def _engine_status(app: web.Application) -> dict[str, Any]:
     if engine.reason:
         status["reason"] = engine.reason.splitlines()[0]
     return status
-
-
-async def health(request: web.Request) -> web.Response:
-    """200 while the proxy is up, whatever the engine is doing."""
-    return web.json_response({"status": "ok", "engine": request.app[ENGINE].state.value})
-
-
-async def ready(request: web.Request) -> web.Response:
-    """200 only while the engine is ready; 503 otherwise (for load balancers and probes)."""
-    status = _engine_status(request.app)
-    ok = status["state"] == "ready"
-    return web.json_response({"status": "ready" if ok else "not ready", "engine": status}, status=200 if ok else 503)
-
-
-def engine_routes() -> list[web.RouteDef]:
-    return [web.get("/health", health), web.get("/ready", ready)]
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -224,9 +208,15 @@ def build_serve_app(
         read_timeout=settings.upstream_read_timeout,
         api_key=launch.api_key,
     )
-    app = create_app(settings, upstream, admission=queue, routes=engine_routes())
+    app = create_app(settings, upstream, admission=queue)
     app[ENGINE] = engine
     app[QUEUE] = queue
+
+    async def engine_is_ready() -> tuple[bool, dict[str, Any]]:
+        # Readiness is the engine's state, read for health output only.
+        return engine.state is EngineState.READY, {"engine": _engine_status(engine, queue)}
+
+    app[READINESS] = engine_is_ready
     app.cleanup_ctx.append(_engine_ctx)
     return app
 

@@ -8,7 +8,7 @@ values and become responses in one place, :func:`error_response`.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import aiohttp
@@ -17,6 +17,7 @@ from aiohttp import web
 from proxy.chat import plan_chat_request
 from proxy.config import Settings
 from proxy.errors import BodyTooLargeError, Dialect, ToolpairError, UpstreamError, error_body, error_event
+from proxy.health import register_health_routes
 from proxy.order import OrderReport
 from proxy.sse import FrameSplitter
 from proxy.upstream import Upstream, forwardable_headers
@@ -174,16 +175,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings,
-    upstream: Upstream | None = None,
-    admission: Admission = admit_all,
-    routes: Sequence[web.AbstractRouteDef] = (),
+    settings: Settings, upstream: Upstream | None = None, admission: Admission = admit_all
 ) -> web.Application:
-    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``).
-
-    ``routes`` are answered by toolpair itself (``serve`` adds health and
-    readiness); they are registered before the catch-all passthrough.
-    """
+    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``)."""
     if upstream is None:
         if not settings.upstream:
             raise ValueError("an upstream URL is required")
@@ -199,6 +193,6 @@ def create_app(
     app.cleanup_ctx.append(_upstream_ctx)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, chat_completions)
-    app.router.add_routes(routes)
+    register_health_routes(app)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app
