@@ -43,11 +43,11 @@ from proxy.queueing import EngineQueue
 from proxy.server import create_app
 from proxy.upstream import Upstream
 
-__all__ = ["ENGINE", "QUEUE", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
+__all__ = ["QUEUE", "SUPERVISOR", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
 
 log = logging.getLogger("toolpair")
 
-ENGINE = web.AppKey("engine", EngineSupervisor)
+SUPERVISOR = web.AppKey("supervisor", EngineSupervisor)
 QUEUE = web.AppKey("queue", EngineQueue)
 
 
@@ -171,7 +171,7 @@ def _engine_status(engine: EngineSupervisor, queue: EngineQueue) -> dict[str, An
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    engine = app[ENGINE]
+    engine = app[SUPERVISOR]
     await engine.start()
     yield
     await engine.shutdown()
@@ -209,7 +209,7 @@ def build_serve_app(
         api_key=launch.api_key,
     )
     app = create_app(settings, upstream, admission=queue)
-    app[ENGINE] = engine
+    app[SUPERVISOR] = engine
     app[QUEUE] = queue
 
     async def engine_is_ready() -> tuple[bool, dict[str, Any]]:
