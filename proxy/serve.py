@@ -79,6 +79,11 @@ def _progress(out: TextIO) -> Callable[[int, int], None]:
 def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
     """Resolve model, template, context and offload; raise ConfigError on anything unusable."""
     warnings: list[str] = []
+    for name in ("max_concurrency", "engine_max_ctx", "engine_max_restarts"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name} must be at least 1")
+    if settings.max_queue < 0:
+        raise ConfigError("max_queue must be at least 0")
     try:
         if settings.model:
             model = Path(settings.model).expanduser()

@@ -451,6 +451,10 @@ def test_a_bad_template_or_backend_setting_is_refused(tmp_path: Path) -> None:
         serve.plan_serve(Settings(chat_template=str(template)), check_machine=False)
     with pytest.raises(ConfigError, match="unknown backend 'rocm'"):
         serve.plan_serve(Settings(engine_backend="rocm"), check_machine=False)
+    with pytest.raises(ConfigError, match="max_concurrency must be at least 1"):
+        serve.plan_serve(Settings(max_concurrency=0), check_machine=False)
+    with pytest.raises(ConfigError, match="max_queue must be at least 0"):
+        serve.plan_serve(Settings(max_queue=-1), check_machine=False)
 
 
 def test_engine_detect_says_what_this_machine_gets(capsys: pytest.CaptureFixture[str]) -> None:
