@@ -79,11 +79,9 @@ def _progress(out: TextIO) -> Callable[[int, int], None]:
 def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
     """Resolve model, template, context and offload; raise ConfigError on anything unusable."""
     warnings: list[str] = []
-    for name in ("max_concurrency", "engine_max_ctx", "engine_max_restarts"):
-        if getattr(settings, name) < 1:
-            raise ConfigError(f"{name} must be at least 1")
-    if settings.max_queue < 0:
-        raise ConfigError("max_queue must be at least 0")
+    for name, least in (("max_concurrency", 1), ("engine_max_ctx", 1), ("max_queue", 0), ("engine_max_restarts", 0)):
+        if getattr(settings, name) < least:
+            raise ConfigError(f"{name} must be at least {least}")
     try:
         if settings.model:
             model = Path(settings.model).expanduser()
