@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from aiohttp import web
+
+from engine_launcher.backends import BACKEND_CHOICES
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.engine_plan import TOOL_CALL_FORMATS
@@ -25,6 +29,9 @@ result with the right call.
 commands:
   proxy      run as a sidecar in front of an OpenAI-compatible engine you already run
              (Chat Completions, Anthropic Messages and Responses)
+  serve      run llama-cpp-python for you (the bundled model by default), with toolpair in front
+  engine     build and install llama-cpp-python for this machine (engine install), or show
+             which backend this machine would get (engine detect)
   normalize  put tool results in JSONL datasets into call order, with the proxy's rules
 """
 
@@ -85,6 +92,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
     _add_normalize_parser(commands)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run llama-cpp-python and toolpair in front of it",
+        description=(
+            "Start llama-cpp-python with MODEL (default: the bundled Gemma 3 270M) on a private "
+            "loopback port and serve it through toolpair. Install the engine first with "
+            "`toolpair engine install`."
+        ),
+    )
+    serve.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled model)")
+    _add_listen_options(serve)
+    serve.set_defaults(run=_run_serve)
+
+    engine = commands.add_parser("engine", help="build and install the managed engine")
+    engine_commands = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
+    install = engine_commands.add_parser(
+        "install",
+        help="build llama-cpp-python for a backend and install it here",
+        description=(
+            "Build llama-cpp-python for BACKEND (auto: detect this machine's), cache the wheel under "
+            "$TOOLPAIR_CACHE/wheels/BACKEND, install it into this Python environment and verify it. "
+            "Extra CMake flags come from CMAKE_ARGS."
+        ),
+    )
+    install.add_argument("--backend", choices=BACKEND_CHOICES, help="default: engine_backend setting (auto)")
+    install.add_argument("--rebuild", action="store_true", help="build again even if a cached wheel fits")
+    install.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
+    detect = engine_commands.add_parser("detect", help="show the backend this machine would get, and why")
+    detect.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
+    for action in (install, detect):
+        action.set_defaults(run=_run_engine)
     return parser
 
 
@@ -134,7 +173,6 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
-    from aiohttp import web  # here, not at the top: `toolpair normalize` starts without it
 
     from proxy.server import create_app
 
@@ -196,6 +234,38 @@ def _run_normalize(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130  # run_normalize has already removed any half-written output
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from proxy.serve import plan_serve, run_serve
+
+    settings = _settings(args, "model")
+    _setup_logging(settings)
+    plan = plan_serve(settings)
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(run_serve(settings, plan))
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    from engine_launcher.backends import SystemProbes, build_plan, detect_backend
+    from engine_launcher.install import InstallError, install_engine
+
+    settings = load_settings({"engine_backend": getattr(args, "backend", None)}, config_file=args.config)
+    if args.engine_command == "detect":
+        probes = SystemProbes()
+        found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
+        plan = build_plan(found, os.environ, probes)
+        print(f"backend: {found.backend.value}\nreason: {found.reason}")
+        print(f"CMAKE_ARGS: {plan.env.get('CMAKE_ARGS', '')}")
+        for problem in plan.problems:
+            print(f"warning: {problem}")
+        return 0
+    try:
+        install_engine(settings.engine_backend, rebuild=args.rebuild)
+    except (InstallError, ValueError) as exc:
+        print(f"toolpair: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
