@@ -10,7 +10,10 @@
 #   WHEELHOUSE=/path scripts/gpu_check.sh   # offline: every package from that directory
 #   scripts/gpu_check.sh prepare DIR     # on a networked machine: fill DIR for the offline run
 #
-# Other knobs: MODEL=/path/model.gguf (default: the bundled Gemma 3 270M), CUDA_ARCH (default 90).
+# Other knobs: MODEL=/path/model.gguf (default: the bundled Gemma 3 270M), CUDA_ARCH (default 90),
+# SYSTEM_SITE=1 (the virtualenv sees the machine's own packages: for an offline machine whose python3
+# already has aiohttp, PyYAML, numpy and jinja2; MODEL is then required), MODEL_WAIT=SECONDS (wait
+# that long for MODEL to appear, when it is copied onto the machine while the engine builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,8 +47,19 @@ nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.total --form
 nvcc --version | tail -1 || echo "nvcc not found"
 
 t=$(now)
-"$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q --disable-pip-version-check -e '.[model]'
+if [[ -n "${SYSTEM_SITE:-}" ]]; then
+    : "${MODEL:?SYSTEM_SITE=1 needs MODEL=/path/model.gguf}"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+    # When $PYTHON is itself a virtualenv, --system-site-packages reaches only its base: add its own
+    # site-packages too (after the new venv's, so what is installed here wins).
+    parent=$("$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))')
+    child=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '%s\n' "$parent" > "$child/_parent_site.pth"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -e .
+else
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[model]'
+fi
 setup_s=$(since "$t")
 
 echo "== build and install (CMAKE_ARGS=$CMAKE_ARGS)"
@@ -53,6 +67,10 @@ t=$(now)
 "$VENV/bin/toolpair" engine detect
 "$VENV/bin/toolpair" engine install --backend cuda
 build_s=$(since "$t")
+
+if [[ -n "${MODEL_WAIT:-}" ]]; then
+    for _ in $(seq "$MODEL_WAIT"); do [[ -f "$MODEL" ]] && break; sleep 1; done
+fi
 
 port=$("$VENV/bin/python" -c "from engine_launcher.launch import free_port; print(free_port())")
 log=$(mktemp -d)/serve.log
