@@ -4,13 +4,17 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench clean
+.PHONY: test lint unit serve bench bench-normalize clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.deps-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[test,lint]'
+	$(PIP) install -e '.[test,lint,model]'
+	touch $@
+
+$(VENV)/.deps-serve: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[model]'
 	touch $@
 
 lint: $(VENV)/.deps-test
@@ -19,12 +23,22 @@ lint: $(VENV)/.deps-test
 	$(PY) -m mypy
 
 unit: $(VENV)/.deps-test
+	$(VENV)/bin/toolpair engine install --backend cpu
 	$(PY) -m pytest -q
 
 test: lint unit
 
+# The engine built for this machine (or BACKEND=cpu|cuda|hip|sycl|metal|vulkan), the bundled
+# model, and toolpair in front of it: `make serve ARGS="--model m.gguf --port 9000"`.
+serve: $(VENV)/.deps-serve
+	$(VENV)/bin/toolpair engine install $(if $(BACKEND),--backend $(BACKEND))
+	$(VENV)/bin/toolpair serve $(ARGS)
+
 bench: $(VENV)/.deps-test
 	$(PY) bench/proxy_overhead.py
+
+bench-normalize: $(VENV)/.deps-test
+	$(PY) bench/normalize_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -97,6 +97,10 @@ async def stamp_request_id(request: web.Request, response: web.StreamResponse) -
 def _log_access(
     request: web.Request, trace: Trace, route: str, status: int, duration: float, usage: Usage | None
 ) -> None:
+    level = logging.DEBUG if request.path in _QUIET else logging.INFO
+    if not access_log.isEnabledFor(level):
+        _log_bodies(trace)
+        return
     report = trace.report
     ttfb = trace.upstream_ttfb
     fields: dict[str, Any] = {
@@ -115,7 +119,6 @@ def _log_access(
         "tool_calls_extracted": trace.toolcalls_extracted or None,
         "tool_call_failures": trace.toolcalls_failed or None,
     }
-    level = logging.DEBUG if request.path in _QUIET else logging.INFO
     access_log.log(
         level,
         "%s %s %d %.1fms",
@@ -125,6 +128,10 @@ def _log_access(
         duration * 1000,
         extra={"fields": fields, "request_id": trace.request_id, "summarized": _SUMMARIZED},
     )
+    _log_bodies(trace)
+
+
+def _log_bodies(trace: Trace) -> None:
     if trace.keep_bodies:
         tag = {"request_id": trace.request_id}
         if trace.sent_body is not None:

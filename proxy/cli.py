@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from aiohttp import web
 
+from engine_launcher.backends import BACKEND_CHOICES
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.engine_plan import TOOL_CALL_FORMATS
@@ -25,8 +27,12 @@ reaches the model, so chat templates that render results by position pair each
 result with the right call.
 
 commands:
-  proxy   run as a sidecar in front of an OpenAI-compatible engine you already run
-          (also serves Anthropic Messages: /v1/messages, /v1/messages/count_tokens)
+  proxy      run as a sidecar in front of an OpenAI-compatible engine you already run
+             (Chat Completions, Anthropic Messages and Responses)
+  serve      run llama-cpp-python for you (the bundled model by default), with toolpair in front
+  engine     build and install llama-cpp-python for this machine (engine install), or show
+             which backend this machine would get (engine detect)
+  normalize  put tool results in JSONL datasets into call order, with the proxy's rules
 """
 
 
@@ -85,7 +91,75 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_listen_options(proxy)
     proxy.set_defaults(run=_run_proxy)
+    _add_normalize_parser(commands)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run llama-cpp-python and toolpair in front of it",
+        description=(
+            "Start llama-cpp-python with MODEL (default: the bundled Gemma 3 270M) on a private "
+            "loopback port and serve it through toolpair. Install the engine first with "
+            "`toolpair engine install`."
+        ),
+    )
+    serve.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled model)")
+    _add_listen_options(serve)
+    serve.set_defaults(run=_run_serve)
+
+    engine = commands.add_parser("engine", help="build and install the managed engine")
+    engine_commands = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
+    install = engine_commands.add_parser(
+        "install",
+        help="build llama-cpp-python for a backend and install it here",
+        description=(
+            "Build llama-cpp-python for BACKEND (auto: detect this machine's), cache the wheel under "
+            "$TOOLPAIR_CACHE/wheels/BACKEND, install it into this Python environment and verify it. "
+            "Extra CMake flags come from CMAKE_ARGS."
+        ),
+    )
+    install.add_argument("--backend", choices=BACKEND_CHOICES, help="default: engine_backend setting (auto)")
+    install.add_argument("--rebuild", action="store_true", help="build again even if a cached wheel fits")
+    install.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
+    detect = engine_commands.add_parser("detect", help="show the backend this machine would get, and why")
+    detect.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
+    for action in (install, detect):
+        action.set_defaults(run=_run_engine)
     return parser
+
+
+def _add_normalize_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    normalize = commands.add_parser(
+        "normalize",
+        help="put tool results in JSONL datasets into call order",
+        description=(
+            "Rewrite a JSONL dataset of chat, Anthropic or Responses records so that each run of tool "
+            "results is in call order, with the rules the proxy applies. Every input line gives one "
+            "output line; records that do not change are written back byte for byte, lines that are "
+            "not JSON are copied through and counted. IN may be '-' (stdin) and may be gzip. "
+            "Exit status: 0 done, 1 --check found records that would change, 2 a file problem."
+        ),
+    )
+    normalize.add_argument("input", metavar="IN", help="JSONL or JSONL.gz file, or - for stdin")
+    target = normalize.add_mutually_exclusive_group()
+    target.add_argument("-o", "--output", metavar="OUT", help="write here (.gz compresses); default stdout")
+    target.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if any record would change (for CI)"
+    )
+    normalize.add_argument("--report", metavar="FILE", help="write counts, kept-run reasons and bad lines as JSON")
+    normalize.add_argument("--workers", type=_positive, default=1, metavar="N", help="processes to use (default 1)")
+    normalize.add_argument(
+        "--validate",
+        action="store_true",
+        help="also parse lines without tool-result IDs, so bad ones among them are counted (slower)",
+    )
+    normalize.set_defaults(run=_run_normalize)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _settings(args: argparse.Namespace, *names: str) -> Settings:
@@ -99,6 +173,7 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+
     from proxy.server import create_app
 
     settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
@@ -132,6 +207,65 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
+
+
+def _run_normalize(args: argparse.Namespace) -> int:
+    import os
+
+    from proxy.normalize_cli import NormalizeFailed, NormalizeJob, run_normalize
+
+    job = NormalizeJob(
+        source=args.input,
+        output=args.output,
+        check=args.check,
+        report=args.report,
+        workers=args.workers,
+        validate=args.validate,
+    )
+    try:
+        return run_normalize(job)
+    except NormalizeFailed as exc:
+        print(f"toolpair normalize: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader of stdout went away: end quietly, and keep Python from
+        # complaining when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130  # run_normalize has already removed any half-written output
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from proxy.serve import plan_serve, run_serve
+
+    settings = _settings(args, "model")
+    _setup_logging(settings)
+    plan = plan_serve(settings)
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(run_serve(settings, plan))
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    from engine_launcher.backends import SystemProbes, build_plan, detect_backend
+    from engine_launcher.install import InstallError, install_engine
+
+    settings = load_settings({"engine_backend": getattr(args, "backend", None)}, config_file=args.config)
+    if args.engine_command == "detect":
+        probes = SystemProbes()
+        found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
+        plan = build_plan(found, os.environ, probes)
+        print(f"backend: {found.backend.value}\nreason: {found.reason}")
+        print(f"CMAKE_ARGS: {plan.env.get('CMAKE_ARGS', '')}")
+        for problem in plan.problems:
+            print(f"warning: {problem}")
+        return 0
+    try:
+        install_engine(settings.engine_backend, rebuild=args.rebuild)
+    except (InstallError, ValueError) as exc:
+        print(f"toolpair: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

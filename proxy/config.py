@@ -65,6 +65,19 @@ class Settings:
     normalize_billing_stamp: bool = True
     messages_ping_interval: float = 5.0
     count_tokens_template: str | None = None
+    # managed engine (toolpair serve)
+    model: str | None = None
+    chat_template: str | None = None
+    engine_backend: str = "auto"
+    engine_max_ctx: int = 8192
+    engine_gpu_layers: int | None = None
+    engine_start_timeout: float = 300.0
+    engine_ready_wait: float = 60.0
+    engine_max_restarts: int = 5
+    engine_stop_timeout: float = 10.0
+    shutdown_grace: float = 30.0
+    max_concurrency: int = 1
+    max_queue: int = 64
 
 
 def _field_types() -> dict[str, Any]:

@@ -88,6 +88,8 @@ class EngineProfile:
     """The model can see images (a setting: it depends on the model, not the engine)."""
     token_count_path: str | None = None
     """A route that counts tokens of a text: ``{"input": str}`` -> ``{"count": int}``."""
+    reuses_connections: bool = True
+    """A kept-alive connection stays usable after a failed request (else each request gets a fresh one)."""
 
 
 ENGINES: dict[EngineKind, EngineProfile] = {
@@ -109,6 +111,9 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         images_in_tool_results=False,
         refuses_unseen_media=False,
         token_count_path="/extras/tokenize/count",
+        # After a stream that fails inside it, its server announces keep-alive
+        # but closes the socket, so the next request on that connection breaks.
+        reuses_connections=False,
     ),
     EngineKind.LLAMA_SERVER: EngineProfile(
         kind=EngineKind.LLAMA_SERVER,

@@ -11,6 +11,7 @@ Exception tree (each knows its HTTP status and error type)::
     │   ├── UpstreamTimeoutError  504  the upstream did not answer in time
     │   └── UpstreamStatusError   4xx/5xx  the engine refused a translated request
     ├── EngineUnavailableError    503  the managed engine is not ready
+    ├── QueueFullError            429  the managed engine's queue is full
     └── AuthenticationError       401  no API key, or not one of toolpair's keys
 
 Each error is turned into bytes in exactly one place, :func:`error_body`, in
@@ -34,6 +35,7 @@ __all__ = [
     "EngineUnavailableError",
     "NotFoundError",
     "PromptTooLongError",
+    "QueueFullError",
     "ToolpairError",
     "UpstreamError",
     "UpstreamStatusError",
@@ -80,6 +82,8 @@ class ToolpairError(Exception):
     openai_type = "server_error"
     anthropic_type = "api_error"
     code = "internal_error"
+    retry_after: int | None = None
+    """Seconds, sent as ``Retry-After`` when set."""
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -186,6 +190,23 @@ class EngineUnavailableError(ToolpairError):
     openai_type = "engine_unavailable"
     anthropic_type = "overloaded_error"
     code = "engine_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFullError(ToolpairError):
+    """Raised when a request finds the engine's waiting queue full (``max_queue``)."""
+
+    status = 429
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class AuthenticationError(ToolpairError):

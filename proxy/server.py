@@ -19,6 +19,7 @@ from proxy.config import Settings
 from proxy.engine_plan import EngineSetup, engine_setup, plan_engine_request
 from proxy.engine_relay import relay_rewritten
 from proxy.errors import BodyTooLargeError, Dialect, ToolpairError, UpstreamError, error_body, error_event
+from proxy.health import register_health_routes
 from proxy.operations import register_operations
 from proxy.sse import FrameSplitter
 from proxy.trace import trace_of
@@ -71,7 +72,10 @@ def error_response(error: ToolpairError, dialect: Dialect) -> web.Response:
         status=error.status,
         body=error_body(error, dialect),
         content_type="application/json",
-        headers={"X-Toolpair-Error": error.code},
+        headers={
+            "X-Toolpair-Error": error.code,
+            **({"Retry-After": str(error.retry_after)} if error.retry_after else {}),
+        },
     )
 
 
@@ -222,5 +226,6 @@ def create_app(
 
     register_anthropic_routes(app)
     register_responses_routes(app)
+    register_health_routes(app)
     app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
     return app

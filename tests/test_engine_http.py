@@ -23,7 +23,7 @@ from proxy.config import Settings
 from proxy.engine_plan import engine_setup
 from proxy.server import create_app
 from proxy.upstream import Upstream
-from tests.conftest import start_app
+from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received, chunk, completion
 
 pytestmark = pytest.mark.asyncio
@@ -443,3 +443,17 @@ async def test_chat_upstream_refuses_what_the_engine_cannot_serve(bound_upstream
     with pytest.raises(ClientInputError, match="'n' = 3"):
         await chat_completion(bound_upstream, {"messages": [], "n": 3})
     assert engine.received == []
+
+
+async def test_llama_cpp_python_gets_a_fresh_connection_per_request(lcp: str, stack: Stack, engine: MockEngine) -> None:
+    """Its server breaks kept-alive connections after a failed stream, so none is reused."""
+    async with sdk(lcp) as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    fresh = [seen.peer for seen in engine.received]
+    assert len(set(fresh)) == 3
+    # A generic engine keeps the pooled connection.
+    async with AsyncOpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0) as client:
+        for _ in range(3):
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert len({seen.peer for seen in engine.received[3:]}) == 1

@@ -150,7 +150,7 @@ async def test_upstream_failure_mid_stream_ends_with_an_error_line(stack: Stack)
         ("GET", "/v1/models", None),
         ("POST", "/v1/embeddings?x=1&y=2", b'{"input": "hi"}'),
         ("POST", "/v1/completions", b'{"prompt": "hi", "tool_call_id": 1}'),
-        ("GET", "/health", None),
+        ("GET", "/props", None),
         ("PUT", "/extras/never/heard/of?q=%20", b"\x00\x01binary"),
         ("DELETE", "/v1/files/abc", None),
     ],
@@ -320,3 +320,35 @@ async def test_default_limit_accepts_large_agent_bodies(stack: Stack) -> None:
     status, _, _ = await post(stack.url, big)
     assert status == 200
     assert stack.engine.last.json()["messages"][2]["tool_call_id"] == "call_paris"
+
+
+async def test_probe_routes_are_answered_by_toolpair(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(stack.url + "/health") as response:
+            assert response.status == 200 and await response.json() == {"status": "ok"}
+        assert stack.engine.received == []  # liveness never asks the engine
+        async with session.get(stack.url + "/ready") as response:
+            assert response.status == 200
+            assert await response.json() == {"status": "ready", "upstream": {"status": 200}}
+        assert [r.path for r in stack.engine.received] == ["/health"]
+
+        async def loading(request: web.Request, received: Received) -> web.StreamResponse:
+            return web.json_response({"error": "loading model"}, status=503)
+
+        stack.engine.then(loading)
+        async with session.get(stack.url + "/ready") as response:
+            assert response.status == 503
+            assert await response.json() == {"status": "not ready", "upstream": {"status": 503}}
+
+
+async def test_ready_is_503_when_the_upstream_is_down() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    runner, url = await start_app(create_app(Settings(upstream=dead, connect_timeout=1.0)))
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url + "/ready") as response:
+            body = await response.json()
+        assert response.status == 503 and body["status"] == "not ready" and "unreachable" in body["upstream"]["error"]
+    finally:
+        await runner.cleanup()

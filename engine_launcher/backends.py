@@ -1,0 +1,414 @@
+"""Which llama.cpp backend suits this machine, and how to build for it.
+
+An explicit choice (config, environment or ``--backend``) wins. Otherwise the
+probes run in order, each cheap and bounded by a timeout, and the first that
+finds a usable device decides: CUDA, HIP/ROCm, SYCL, Metal, Vulkan, then CPU.
+
+Deciding is pure: the parsers below take the text a tool printed and return
+what it says. Only :class:`SystemProbes` runs anything, so tests feed the
+parsers captured outputs instead of hardware.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "BACKEND_CHOICES",
+    "Backend",
+    "BuildPlan",
+    "Detection",
+    "NvidiaGpu",
+    "Probes",
+    "SystemProbes",
+    "build_plan",
+    "detect_backend",
+    "install_hint",
+    "kfd_gfx_targets",
+    "parse_backend",
+    "parse_nvidia_smi",
+    "parse_rocminfo",
+    "parse_sycl_ls",
+    "parse_vulkaninfo",
+    "visible_cuda_gpus",
+]
+
+
+class Backend(StrEnum):
+    """A llama.cpp compute backend that llama-cpp-python can be built for."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    HIP = "hip"
+    SYCL = "sycl"
+    METAL = "metal"
+    VULKAN = "vulkan"
+
+    @property
+    def gpu(self) -> bool:
+        return self is not Backend.CPU
+
+
+BACKEND_CHOICES = ("auto", *(b.value for b in Backend))
+
+
+def parse_backend(name: str) -> Backend | None:
+    """``None`` for ``auto``; a :class:`Backend` otherwise.
+
+    >>> parse_backend("CUDA")
+    <Backend.CUDA: 'cuda'>
+    """
+    lowered = name.strip().lower()
+    if lowered in ("", "auto"):
+        return None
+    try:
+        return Backend(lowered)
+    except ValueError:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKEND_CHOICES)}") from None
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The backend chosen, why, and the device targets a build should use."""
+
+    backend: Backend
+    reason: str
+    targets: tuple[str, ...] = ()
+
+
+# --- parsers: tool output in, facts out -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NvidiaGpu:
+    index: str
+    name: str
+    uuid: str = ""
+    compute_cap: str = ""
+
+
+_SMI_LIST = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: ([^)]+)\))?\s*$")
+
+
+def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
+    """GPUs from ``nvidia-smi --query-gpu=index,name,uuid,compute_cap --format=csv,noheader`` or ``nvidia-smi -L``.
+
+    >>> parse_nvidia_smi("0, NVIDIA H200, GPU-1a2b, 9.0\\n")
+    [NvidiaGpu(index='0', name='NVIDIA H200', uuid='GPU-1a2b', compute_cap='9.0')]
+    """
+    gpus: list[NvidiaGpu] = []
+    for line in text.splitlines():
+        line = line.strip()
+        listed = _SMI_LIST.match(line)
+        if listed:
+            gpus.append(NvidiaGpu(listed.group(1), listed.group(2).strip(), listed.group(3) or ""))
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            uuid = parts[2] if len(parts) > 2 else ""
+            cap = parts[3] if len(parts) > 3 and re.fullmatch(r"\d+\.\d+", parts[3]) else ""
+            gpus.append(NvidiaGpu(parts[0], parts[1], uuid, cap))
+    return gpus
+
+
+def visible_cuda_gpus(gpus: Sequence[NvidiaGpu], env: Mapping[str, str]) -> list[NvidiaGpu]:
+    """The GPUs a CUDA program may use under ``CUDA_VISIBLE_DEVICES``.
+
+    Like the CUDA runtime: unset means all; an index or a (prefix of a) UUID
+    selects one; the list ends at the first entry that names no device; an
+    empty value, or ``-1``, hides them all. MIG instances count as visible.
+
+    >>> gpus = [NvidiaGpu("0", "A"), NvidiaGpu("1", "B", "GPU-77aa")]
+    >>> [g.name for g in visible_cuda_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "GPU-77,0"})]
+    ['B', 'A']
+    """
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return list(gpus)
+    chosen: list[NvidiaGpu] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.startswith("MIG-") and gpus:
+            chosen.append(gpus[0])
+            continue
+        match = next(
+            (g for g in gpus if g.index == entry or (entry.startswith("GPU-") and g.uuid.startswith(entry))), None
+        )
+        if match is None:
+            break
+        if match not in chosen:
+            chosen.append(match)
+    return chosen
+
+
+def kfd_gfx_targets(properties: Sequence[str]) -> list[str]:
+    """gfx targets from the ``properties`` files of ``/sys/class/kfd/kfd/topology/nodes/*``.
+
+    ``gfx_target_version`` packs major, minor and stepping as decimal digit
+    pairs; the stepping is written in hex in the target name. CPU nodes say 0.
+
+    >>> kfd_gfx_targets(["gfx_target_version 0", "gfx_target_version 90010", "gfx_target_version 110000"])
+    ['gfx90a', 'gfx1100']
+    """
+    targets: list[str] = []
+    for text in properties:
+        found = re.search(r"^gfx_target_version\s+(\d+)\s*$", text, re.MULTILINE)
+        if not found or int(found.group(1)) == 0:
+            continue
+        version = int(found.group(1))
+        major, minor, stepping = version // 10000, version // 100 % 100, version % 100
+        target = f"gfx{major}{minor:x}{stepping:x}"
+        if target not in targets:
+            targets.append(target)
+    return targets
+
+
+def parse_rocminfo(text: str) -> list[str]:
+    """gfx targets of the GPU agents that ``rocminfo`` lists.
+
+    >>> parse_rocminfo("  Name:                    gfx1100\\n  Device Type:             GPU\\n")
+    ['gfx1100']
+    """
+    targets: list[str] = []
+    for found in re.finditer(r"^\s*Name:\s+(gfx[0-9a-f]+)\b", text, re.MULTILINE):
+        if found.group(1) not in targets:
+            targets.append(found.group(1))
+    return targets
+
+
+def parse_sycl_ls(text: str) -> list[str]:
+    """Names of Intel GPUs that ``sycl-ls`` reports (Level Zero or OpenCL).
+
+    >>> parse_sycl_ls("[level_zero:gpu][level_zero:0] Intel(R) Level-Zero, Intel(R) Arc(TM) A770 Graphics 1.3 [1.3]")
+    ['Intel(R) Arc(TM) A770 Graphics']
+    """
+    names: list[str] = []
+    for line in text.splitlines():
+        head = re.match(r"^\s*\[([^\]]*:gpu[^\]]*)\](?:\[[^\]]*\])?\s*(.*)$", line)
+        if not head or "Intel" not in head.group(2):
+            continue
+        # "<platform>, <device name> <version> [<driver>]"
+        device = head.group(2).split(",", 1)[-1].strip()
+        device = re.sub(r"\s+(?:OpenCL\s+)?[\d.]+(?:\s+NEO)?\s*\[[^\]]*\]\s*$", "", device).strip()
+        if device and device not in names:
+            names.append(device)
+    return names
+
+
+def parse_vulkaninfo(text: str) -> list[tuple[str, str]]:
+    """``(device type, device name)`` pairs from ``vulkaninfo --summary``.
+
+    >>> parse_vulkaninfo("GPU0:\\n\\tdeviceType = PHYSICAL_DEVICE_TYPE_CPU\\n\\tdeviceName = llvmpipe\\n")
+    [('PHYSICAL_DEVICE_TYPE_CPU', 'llvmpipe')]
+    """
+    devices: list[tuple[str, str]] = []
+    kind = ""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if key == "deviceType":
+            kind = value
+        elif key == "deviceName" and kind:
+            devices.append((kind, value))
+            kind = ""
+    return devices
+
+
+# --- probes: the only place that touches the machine ------------------------------------------
+
+
+class Probes(Protocol):
+    """What detection may look at. Each method returns None when the tool is absent or fails."""
+
+    def run(self, argv: Sequence[str]) -> str | None: ...
+
+    def kfd_properties(self) -> list[str]: ...
+
+    def platform(self) -> tuple[str, str]: ...
+
+    def which(self, name: str) -> str | None: ...
+
+    def exists(self, path: str) -> bool: ...
+
+
+class SystemProbes:
+    """Probes of the real machine, each bounded by ``timeout`` seconds."""
+
+    def __init__(self, timeout: float = 5.0) -> None:
+        self.timeout = timeout
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        if shutil.which(argv[0]) is None:
+            return None
+        try:
+            done = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=self.timeout, stdin=subprocess.DEVNULL
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    def kfd_properties(self) -> list[str]:
+        nodes = Path("/sys/class/kfd/kfd/topology/nodes")
+        texts = []
+        for props in sorted(nodes.glob("*/properties")):
+            try:
+                texts.append(props.read_text())
+            except OSError:
+                continue
+        return texts
+
+    def platform(self) -> tuple[str, str]:
+        uname = os.uname()
+        return uname.sysname, uname.machine
+
+    def which(self, name: str) -> str | None:
+        return shutil.which(name)
+
+    def exists(self, path: str) -> bool:
+        return Path(path).exists()
+
+
+ONEAPI_SETVARS = "/opt/intel/oneapi/setvars.sh"
+
+
+def _oneapi(env: Mapping[str, str], probes: Probes) -> bool:
+    return bool(env.get("ONEAPI_ROOT")) or probes.which("icpx") is not None or probes.exists(ONEAPI_SETVARS)
+
+
+def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None = None) -> Detection:
+    """Pick the backend: ``explicit`` unless it is ``auto``, else the first probe that finds a device.
+
+    ``AMDGPU_TARGETS`` in ``env`` overrides the gfx targets found for HIP.
+    """
+    chosen = parse_backend(explicit) if explicit else None
+    env_targets = tuple(t for t in env.get("AMDGPU_TARGETS", "").replace(",", ";").split(";") if t)
+    if chosen is not None:
+        targets = env_targets if chosen is Backend.HIP else ()
+        if chosen is Backend.HIP and not targets:
+            targets = tuple(kfd_gfx_targets(probes.kfd_properties()) or parse_rocminfo(probes.run(["rocminfo"]) or ""))
+        return Detection(chosen, "chosen explicitly", targets)
+
+    smi = probes.run(["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap", "--format=csv,noheader"])
+    if smi is None:
+        smi = probes.run(["nvidia-smi", "-L"])
+    gpus = visible_cuda_gpus(parse_nvidia_smi(smi or ""), env)
+    if gpus:
+        caps = tuple(dict.fromkeys(g.compute_cap.replace(".", "") for g in gpus if g.compute_cap))
+        names = ", ".join(g.name for g in gpus)
+        return Detection(Backend.CUDA, f"nvidia-smi: {len(gpus)} visible GPU(s): {names}", caps)
+
+    found = kfd_gfx_targets(probes.kfd_properties()) or parse_rocminfo(probes.run(["rocminfo"]) or "")
+    if found:
+        return Detection(Backend.HIP, f"ROCm: AMD GPU {', '.join(found)}", env_targets or tuple(found))
+
+    intel = parse_sycl_ls(probes.run(["sycl-ls"]) or "")
+    if intel and _oneapi(env, probes):
+        return Detection(Backend.SYCL, f"sycl-ls: {', '.join(intel)}")
+
+    system, machine = probes.platform()
+    if system == "Darwin":
+        translated = (probes.run(["sysctl", "-n", "sysctl.proc_translated"]) or "0").strip() == "1"
+        if machine == "arm64" and not translated:
+            return Detection(Backend.METAL, "Apple silicon (arm64)")
+
+    devices = parse_vulkaninfo(probes.run(["vulkaninfo", "--summary"]) or "")
+    gpu_devices = [name for kind, name in devices if kind != "PHYSICAL_DEVICE_TYPE_CPU"]
+    if gpu_devices:
+        return Detection(Backend.VULKAN, f"vulkaninfo: {', '.join(gpu_devices)}")
+    reason = "no GPU found" if not devices else f"only CPU Vulkan devices ({', '.join(n for _, n in devices)})"
+    if system == "Darwin" and machine != "arm64":
+        reason = "Intel Mac or Python under Rosetta: no Metal"
+    return Detection(Backend.CPU, reason)
+
+
+# --- build settings --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What pip needs to build llama-cpp-python for one backend."""
+
+    backend: Backend
+    cmake_args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    """Prerequisites that look missing; shown before building, since the build will likely fail."""
+
+
+def _setvars_env(probes: Probes) -> dict[str, str]:
+    """The environment oneAPI's setvars.sh produces, for icx and icpx."""
+    out = probes.run(["bash", "-c", f". {ONEAPI_SETVARS} >/dev/null 2>&1 && env -0"])
+    if not out:
+        return {}
+    pairs = (item.partition("=") for item in out.split("\0") if "=" in item)
+    return {k: v for k, _, v in pairs}
+
+
+def build_plan(detection: Detection, env: Mapping[str, str], probes: Probes) -> BuildPlan:
+    """CMake flags and environment for ``detection.backend``; the user's ``CMAKE_ARGS`` come last."""
+    backend = detection.backend
+    extra = tuple(env.get("CMAKE_ARGS", "").split())
+    build_env: dict[str, str] = {}
+    problems: list[str] = []
+    if backend is Backend.CPU:
+        args: tuple[str, ...] = ()
+        if not any(probes.which(cxx) for cxx in ("c++", "g++", "clang++")):
+            problems.append("no C++ compiler found (c++, g++ or clang++)")
+    elif backend is Backend.CUDA:
+        args = ("-DGGML_CUDA=on",)
+        if probes.which("nvcc") is None and "CUDACXX" not in env:
+            if probes.exists("/usr/local/cuda/bin/nvcc"):
+                build_env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+            else:
+                problems.append("nvcc not found: install the CUDA toolkit or set CUDACXX")
+    elif backend is Backend.HIP:
+        targets = ";".join(detection.targets)
+        args = ("-DGGML_HIP=on", *((f"-DAMDGPU_TARGETS={targets}",) if targets else ()))
+        if not targets:
+            problems.append("no AMD GPU target known: set AMDGPU_TARGETS, e.g. gfx1100")
+        clang_dir = (probes.run(["hipconfig", "-l"]) or "").strip()
+        rocm = (probes.run(["hipconfig", "-R"]) or "").strip()
+        if "HIPCXX" not in env:
+            if clang_dir:
+                build_env["HIPCXX"] = f"{clang_dir}/clang"
+            else:
+                problems.append("hipconfig not found: install ROCm (HIP SDK) or set HIPCXX")
+        if rocm and "HIP_PATH" not in env:
+            build_env["HIP_PATH"] = rocm
+    elif backend is Backend.SYCL:
+        args = ("-DGGML_SYCL=on", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx")
+        if probes.which("icpx") is None:
+            build_env = _setvars_env(probes)
+            if not build_env:
+                problems.append(f"icpx not found and {ONEAPI_SETVARS} unusable: install the oneAPI Base Toolkit")
+    elif backend is Backend.METAL:
+        args = ("-DGGML_METAL=on",)
+    else:
+        args = ("-DGGML_VULKAN=on",)
+        if probes.which("glslc") is None:
+            problems.append("glslc not found: install the Vulkan SDK (libvulkan-dev and glslc)")
+    build_env["CMAKE_ARGS"] = " ".join((*args, *extra))
+    return BuildPlan(backend, (*args, *extra), build_env, tuple(problems))
+
+
+_HINTS = {
+    Backend.CPU: "a C/C++ compiler and CMake (Debian/Ubuntu: apt install build-essential cmake)",
+    Backend.CUDA: "the CUDA toolkit with nvcc on PATH (or CUDACXX), a matching driver, CMake and a C++ compiler",
+    Backend.HIP: "ROCm with the HIP SDK, hipBLAS and rocBLAS (hipconfig on PATH), and AMDGPU_TARGETS for your GPU",
+    Backend.SYCL: f"the Intel oneAPI Base Toolkit (icx, icpx; {ONEAPI_SETVARS}) and an Intel GPU driver",
+    Backend.METAL: "Xcode command line tools (xcode-select --install) and CMake",
+    Backend.VULKAN: "the Vulkan SDK: headers, loader and glslc (Debian/Ubuntu: apt install libvulkan-dev glslc)",
+}
+
+
+def install_hint(backend: Backend) -> str:
+    """What a build for ``backend`` needs installed, for error messages."""
+    return _HINTS[backend]

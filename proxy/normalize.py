@@ -1,0 +1,384 @@
+"""Dataset records in call order: the proxy's ordering rules applied to JSONL lines.
+
+Pure, no I/O. A line goes in as bytes (without its ``\\n``) and comes out as
+bytes, with what happened to it:
+
+- A line that holds none of the ID markers (``call_id``, which ``tool_call_id``
+  contains, and ``tool_use_id``) is not parsed at all: it cannot hold a run that
+  could be reordered. This is the same fast path the proxy takes.
+- A record whose runs are already in call order (or must keep their order) comes
+  back as the very same bytes. Only a record that changes is re-serialized.
+- A line that is not JSON comes back unchanged and is counted as bad; a blank
+  line comes back unchanged.
+
+Which rules apply to a parsed record (form detection, per record, by shape):
+
+- ``messages`` (a list) is checked with the Chat Completions rules and then with
+  the Anthropic rules. Each set only sees its own shapes: the chat rules permute
+  ``role: "tool"`` messages after an assistant ``tool_calls`` turn, the Anthropic
+  rules permute ``tool_result`` blocks inside the ``role: "user"`` messages after
+  an assistant turn with ``tool_use`` blocks. So a chat list is untouched by the
+  Anthropic rules and the other way round, and a list holding both forms (a
+  converted or mixed trace) gets both, with the same result in either order.
+  Running both is also cheaper than scanning the line again to pick one.
+- ``input`` (a list) is checked with the Responses rules.
+- Anything else (ShareGPT ``conversations``, plain text, non-objects) passes
+  through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NoReturn
+
+import orjson
+
+from proxy._types import JSON
+from proxy.order import OrderReport, order_anthropic_results, order_chat_results, order_responses_items
+
+__all__ = [
+    "ID_MARKERS",
+    "LineKind",
+    "LineResult",
+    "Edit",
+    "NormalizeTally",
+    "WholeLines",
+    "apply_edits",
+    "block_edits",
+    "normalize_block",
+    "normalize_line",
+    "order_record",
+]
+
+ANTHROPIC_MARKER = b"tool_use_id"
+RESPONSES_MARKER = b"call_id"
+ID_MARKERS = (RESPONSES_MARKER, ANTHROPIC_MARKER)
+"""A line holding neither is never parsed (``call_id`` is inside ``tool_call_id`` too)."""
+
+_NO_RUNS = OrderReport()
+# orjson reads integers wider than 64 bits as floats, losing digits. A changed
+# line with a run of 20 digits (even inside a string) is re-read exactly instead.
+# Mapping every digit to "0" and searching is several times faster than a regex.
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_TWENTY_DIGITS = b"0" * 20
+_BOM = b"\xef\xbb\xbf"
+
+
+class LineKind(StrEnum):
+    """What a line turned out to be."""
+
+    RECORD = "record"  # a JSON value, or a line without ID markers, which is not parsed
+    BLANK = "blank"  # empty or whitespace only
+    BAD = "bad"  # not JSON, or JSON toolpair cannot read and write back faithfully
+
+
+@dataclass(frozen=True, slots=True)
+class LineResult:
+    """What normalizing one line did: its kind, whether it changed, its runs."""
+
+    kind: LineKind
+    changed: bool = False
+    report: OrderReport = _NO_RUNS
+
+
+_UNPARSED = LineResult(LineKind.RECORD)
+_BLANK = LineResult(LineKind.BLANK)
+_BAD = LineResult(LineKind.BAD)
+
+
+def order_record(
+    record: JSON, *, chat: bool = True, anthropic: bool = True, responses: bool = True
+) -> tuple[JSON, OrderReport]:
+    """Put each run of one dataset record in call order; the same object when nothing moved.
+
+    The flags switch a form's rules off, for callers that know the form.
+
+    >>> calls = {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]}
+    >>> record = {"messages": [calls, {"role": "tool", "tool_call_id": "b"},
+    ...                        {"role": "tool", "tool_call_id": "a"}]}
+    >>> out, report = order_record(record)
+    >>> [m.get("tool_call_id") for m in out["messages"]], report.reordered
+    ([None, 'a', 'b'], 1)
+    """
+    if not isinstance(record, dict):
+        return record, _NO_RUNS
+    report = _NO_RUNS
+    changes: dict[str, Any] = {}
+    messages = record.get("messages")
+    if isinstance(messages, list):
+        ordered = messages
+        if chat:
+            ordered, found = order_chat_results(ordered)
+            report = found if report is _NO_RUNS else report.merged(found)
+        if anthropic:
+            ordered, found = order_anthropic_results(ordered)
+            report = found if report is _NO_RUNS else report.merged(found)
+        if ordered is not messages:
+            changes["messages"] = ordered
+    items = record.get("input")
+    if responses and isinstance(items, list):
+        ordered, found = order_responses_items(items)
+        report = found if report is _NO_RUNS else report.merged(found)
+        if ordered is not items:
+            changes["input"] = ordered
+    return ({**record, **changes} if changes else record), report
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _load_exact(line: bytes) -> JSON:
+    """Read a line with the standard library: exact integers, lone surrogates, a BOM."""
+    return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def _load(line: bytes) -> tuple[JSON, bool] | None:
+    """The record and whether it was read exactly by the standard library; None if unreadable."""
+    try:
+        return orjson.loads(line), False
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return _load_exact(line), True
+    except (ValueError, RecursionError):
+        return None
+
+
+def _dump(value: JSON, exact: bool) -> bytes | None:
+    if not exact:
+        try:
+            return orjson.dumps(value)
+        except orjson.JSONEncodeError:  # nested deeper than orjson writes
+            pass
+    try:
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            return text.encode()
+        except UnicodeEncodeError:  # a lone surrogate: only an escape can carry it
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (ValueError, RecursionError):
+        return None
+
+
+def normalize_line(line: bytes, *, validate: bool = False) -> tuple[bytes, LineResult]:
+    """Normalize one JSONL line (given without its ``\\n``); unchanged lines come back as is.
+
+    With ``validate``, lines without ID markers are parsed too, only so that a
+    bad one is counted; they still come back as they were.
+
+    >>> line = (b'{"input": [{"type": "function_call", "call_id": "a"}, {"type": "function_call", '
+    ...         b'"call_id": "b"}, {"type": "function_call_output", "call_id": "b"}, '
+    ...         b'{"type": "function_call_output", "call_id": "a"}]}')
+    >>> out, result = normalize_line(line)
+    >>> out
+    b'{"input":[{"type":"function_call","call_id":"a"},{"type":"function_call","call_id":"b"},{"type":"function_call_output","call_id":"a"},{"type":"function_call_output","call_id":"b"}]}'
+    >>> result.changed, result.report.reordered
+    (True, 1)
+    >>> normalize_line(b'{"conversations": []}')[0]
+    b'{"conversations": []}'
+    """
+    if RESPONSES_MARKER not in line and ANTHROPIC_MARKER not in line:
+        if not line or line.isspace():
+            return line, _BLANK
+        return line, (_UNPARSED if not validate or _load(line) is not None else _BAD)
+    loaded = _load(line)
+    if loaded is None:
+        return line, _BAD
+    record, exact = loaded
+    ordered, report = order_record(record)
+    if ordered is record:
+        return line, LineResult(LineKind.RECORD, False, report)
+    if not exact and _TWENTY_DIGITS in line.translate(_DIGITS_AS_ZERO):
+        try:
+            ordered, report = order_record(_load_exact(line))
+            exact = True
+        except (ValueError, RecursionError):
+            pass  # orjson's reading stands
+    body = _dump(ordered, exact)
+    if body is None:
+        return line, _BAD
+    prefix = _BOM if line.startswith(_BOM) else b""
+    suffix = b"\r" if line.endswith(b"\r") else b""
+    return prefix + body + suffix, LineResult(LineKind.RECORD, True, report)
+
+
+@dataclass
+class NormalizeTally:
+    """Counts over many lines, mergeable across blocks and workers.
+
+    Line numbers are 1-based; at most ``max_line_numbers`` of each list are kept,
+    so memory stays bounded however bad the input is.
+    """
+
+    lines: int = 0
+    records: int = 0
+    changed: int = 0
+    blank: int = 0
+    bad: int = 0
+    runs_reordered: int = 0
+    runs_in_order: int = 0
+    runs_kept: dict[str, int] = field(default_factory=dict)
+    bad_lines: list[int] = field(default_factory=list)
+    changed_lines: list[int] = field(default_factory=list)
+    max_line_numbers: int = 1000
+
+    def add(self, line_number: int, result: LineResult) -> None:
+        self.lines += 1
+        if result.kind is LineKind.BLANK:
+            self.blank += 1
+            return
+        if result.kind is LineKind.BAD:
+            self.bad += 1
+            if len(self.bad_lines) < self.max_line_numbers:
+                self.bad_lines.append(line_number)
+            return
+        self.records += 1
+        if result.changed:
+            self.changed += 1
+            if len(self.changed_lines) < self.max_line_numbers:
+                self.changed_lines.append(line_number)
+        report = result.report
+        if report is not _NO_RUNS:
+            self.runs_reordered += report.reordered
+            self.runs_in_order += report.in_order
+            for reason, count in report.kept.items():
+                self.runs_kept[reason] = self.runs_kept.get(reason, 0) + count
+
+    def merge(self, other: NormalizeTally) -> None:
+        """Add the counts of ``other``, which covers lines after this one's."""
+        self.lines += other.lines
+        self.records += other.records
+        self.changed += other.changed
+        self.blank += other.blank
+        self.bad += other.bad
+        self.runs_reordered += other.runs_reordered
+        self.runs_in_order += other.runs_in_order
+        for reason, count in other.runs_kept.items():
+            self.runs_kept[reason] = self.runs_kept.get(reason, 0) + count
+        room = self.max_line_numbers
+        self.bad_lines.extend(other.bad_lines[: room - len(self.bad_lines)])
+        self.changed_lines.extend(other.changed_lines[: room - len(self.changed_lines)])
+
+    def as_report(self) -> dict[str, Any]:
+        """The ``--report`` document."""
+        return {
+            "lines": self.lines,
+            "records_read": self.records,
+            "records_changed": self.changed,
+            "blank_lines": self.blank,
+            "runs_reordered": self.runs_reordered,
+            "runs_in_order": self.runs_in_order,
+            "runs_kept": dict(sorted(self.runs_kept.items())),
+            "bad_lines": self.bad,
+            "bad_line_numbers": list(self.bad_lines),
+            "bad_line_numbers_truncated": self.bad > len(self.bad_lines),
+            "changed_line_numbers": list(self.changed_lines),
+            "changed_line_numbers_truncated": self.changed > len(self.changed_lines),
+        }
+
+
+Edit = tuple[int, int, bytes]
+"""Replace ``block[start:end]`` (one line, without its ``\\n``) with these bytes."""
+
+
+def block_edits(block: bytes, first_line: int = 1, *, validate: bool = False) -> tuple[list[Edit], NormalizeTally]:
+    """Normalize a block of whole lines and say only which lines changed, and how.
+
+    A worker process sends back these few edits instead of the whole block.
+
+    >>> calls = [{"type": "function_call", "call_id": i} for i in "ab"]
+    >>> outputs = [{"type": "function_call_output", "call_id": i} for i in "ba"]
+    >>> block = b'{"a": 1}\\n' + orjson.dumps({"input": calls + outputs}) + b'\\n'
+    >>> edits, tally = block_edits(block, first_line=10)
+    >>> [(start, end) for start, end, _ in edits], tally.changed_lines
+    ([(9, 190)], [11])
+    """
+    tally = NormalizeTally()
+    edits: list[Edit] = []
+    if not block:
+        return edits, tally
+    lines = block.split(b"\n")
+    if not lines[-1]:  # the block ends with "\n": the empty tail is not a line
+        lines.pop()
+    add = tally.add
+    start = 0
+    for number, line in enumerate(lines, first_line):
+        fresh, result = normalize_line(line, validate=validate)
+        if fresh is not line:
+            edits.append((start, start + len(line), fresh))
+        add(number, result)
+        start += len(line) + 1
+    return edits, tally
+
+
+def apply_edits(block: bytes, edits: list[Edit]) -> bytes:
+    """The block with each edited line replaced; the block itself when there are none.
+
+    >>> apply_edits(b"a\\nbb\\nc", [(2, 4, b"B")])
+    b'a\\nB\\nc'
+    """
+    if not edits:
+        return block
+    view = memoryview(block)
+    parts: list[bytes | memoryview] = []
+    position = 0
+    for start, end, fresh in edits:
+        parts.append(view[position:start])
+        parts.append(fresh)
+        position = end
+    parts.append(view[position:])
+    return b"".join(parts)
+
+
+def normalize_block(block: bytes, first_line: int = 1, *, validate: bool = False) -> tuple[bytes, NormalizeTally]:
+    """Normalize a block of whole lines; the last may lack its ``\\n``, which stays missing.
+
+    >>> out, tally = normalize_block(b'{"a": 1}\\n\\nnot json, but no markers\\n{"call_id": ')
+    >>> out == b'{"a": 1}\\n\\nnot json, but no markers\\n{"call_id": '
+    True
+    >>> tally.lines, tally.records, tally.blank, tally.bad, tally.bad_lines
+    (4, 2, 1, 1, [4])
+    """
+    edits, tally = block_edits(block, first_line, validate=validate)
+    return apply_edits(block, edits), tally
+
+
+class WholeLines:
+    """Cut a byte stream into blocks of whole lines: ``feed(chunk) -> list``, ``finish() -> list``.
+
+    Every block but the last ends with ``\\n``; a last line without one is
+    returned by ``finish`` exactly as it came. Joining the blocks gives the input.
+
+    >>> cut = WholeLines()
+    >>> cut.feed(b"a\\nb"), cut.feed(b"c\\nd"), cut.finish()
+    ([b'a\\n'], [b'bc\\n'], [b'd'])
+    """
+
+    def __init__(self) -> None:
+        self._tail: list[bytes] = []  # pieces of an unfinished line; a list keeps long lines linear
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            if chunk:
+                self._tail.append(chunk)
+            return []
+        head = chunk[: end + 1]
+        block = b"".join([*self._tail, head]) if self._tail else head
+        rest = chunk[end + 1 :]
+        self._tail = [rest] if rest else []
+        return [block]
+
+    def finish(self) -> list[bytes]:
+        tail, self._tail = b"".join(self._tail), []
+        return [tail] if tail else []

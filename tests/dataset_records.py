@@ -1,0 +1,104 @@
+"""Dataset records in the three wire forms, for the ``toolpair normalize`` tests.
+
+Each builder takes the calls in call order (ID, argument) and the results in
+the order they arrived (ID, output), so a test can say exactly which result
+belongs to which call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+Pairs = Sequence[tuple[Any, str]]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look up the value stored under a key.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
+]
+
+
+def chat(calls: Pairs, results: Pairs, question: str = "Look up A and B.") -> dict[str, Any]:
+    """An OpenAI chat record: one assistant turn with parallel calls, then the tool messages."""
+    return {
+        "messages": [
+            {"role": "user", "content": question},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": orjson.dumps({"key": key}).decode()},
+                    }
+                    for call_id, key in calls
+                ],
+            },
+            *({"role": "tool", "tool_call_id": call_id, "content": output} for call_id, output in results),
+            {"role": "assistant", "content": "Done."},
+        ],
+        "tools": TOOLS,
+    }
+
+
+def anthropic(calls: Pairs, results: Pairs) -> dict[str, Any]:
+    """An Anthropic Messages record: tool_use blocks, then one user turn of tool_result blocks."""
+    return {
+        "system": "You are a careful agent.",
+        "messages": [
+            {"role": "user", "content": "Look up the keys."},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Looking up."},
+                    *({"type": "tool_use", "id": i, "name": "lookup", "input": {"key": k}} for i, k in calls),
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": i, "content": out} for i, out in results],
+            },
+        ],
+    }
+
+
+def responses(calls: Pairs, results: Pairs) -> dict[str, Any]:
+    """A Responses record: function_call items, then function_call_output items, in ``input``."""
+    return {
+        "model": "agent",
+        "input": [
+            {"role": "user", "content": "Look up the keys."},
+            *(
+                {
+                    "type": "function_call",
+                    "call_id": i,
+                    "name": "lookup",
+                    "arguments": orjson.dumps({"key": k}).decode(),
+                }
+                for i, k in calls
+            ),
+            *({"type": "function_call_output", "call_id": i, "output": out} for i, out in results),
+        ],
+    }
+
+
+def sharegpt(text: str = "hello") -> dict[str, Any]:
+    """A ShareGPT record: no IDs anywhere."""
+    return {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "hi"}]}
+
+
+FORMS = {"chat": chat, "anthropic": anthropic, "responses": responses}
+
+
+def jsonl(records: Iterable[Any]) -> bytes:
+    """Records as compact JSONL, the way orjson writes them."""
+    return b"".join(orjson.dumps(record) + b"\n" for record in records)

@@ -1,0 +1,235 @@
+"""Backend detection and build plans, from the outputs that the probed tools print (tests/data/probes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from engine_launcher.backends import (
+    Backend,
+    Detection,
+    NvidiaGpu,
+    SystemProbes,
+    build_plan,
+    detect_backend,
+    kfd_gfx_targets,
+    parse_backend,
+    parse_nvidia_smi,
+    parse_rocminfo,
+    parse_sycl_ls,
+    parse_vulkaninfo,
+    visible_cuda_gpus,
+)
+
+DATA = Path(__file__).parent / "data" / "probes"
+
+
+def captured(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+class FakeProbes:
+    """A machine described by the outputs its tools print; absent tools print nothing."""
+
+    def __init__(
+        self,
+        outputs: dict[str, str] | None = None,
+        kfd: Sequence[str] = (),
+        platform: tuple[str, str] = ("Linux", "x86_64"),
+        tools: Sequence[str] = ("c++",),
+        files: Sequence[str] = (),
+    ) -> None:
+        self.outputs = outputs or {}
+        self.kfd = list(kfd)
+        self.system = platform
+        self.tools = set(tools)
+        self.files = set(files)
+        self.ran: list[list[str]] = []
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        self.ran.append(list(argv))
+        for prefix, output in self.outputs.items():
+            if " ".join(argv).startswith(prefix):
+                return output
+        return None
+
+    def kfd_properties(self) -> list[str]:
+        return self.kfd
+
+    def platform(self) -> tuple[str, str]:
+        return self.system
+
+    def which(self, name: str) -> str | None:
+        return f"/usr/bin/{name}" if name in self.tools else None
+
+    def exists(self, path: str) -> bool:
+        return path in self.files
+
+
+def test_nvidia_smi_query_and_list_forms() -> None:
+    assert parse_nvidia_smi(captured("nvidia-smi-query-h200.txt")) == [
+        NvidiaGpu("0", "NVIDIA H200", "GPU-3f9c2a61-7d4e-4b8a-9c1e-5a2b7e8d0f13", "9.0")
+    ]
+    listed = parse_nvidia_smi(captured("nvidia-smi-L.txt"))
+    assert [(g.index, g.name, g.uuid[:12]) for g in listed] == [
+        ("0", "Tesla T4", "GPU-0c1d2e3f"),
+        ("1", "Tesla T4", "GPU-9f8e7d6c"),
+    ]
+    assert parse_nvidia_smi(captured("nvidia-smi-no-driver.txt")) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        (None, ["NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 3060"]),
+        ("1", ["NVIDIA GeForce RTX 3060"]),
+        ("1,0", ["NVIDIA GeForce RTX 3060", "NVIDIA GeForce RTX 4090"]),
+        ("GPU-77aa88bb", ["NVIDIA GeForce RTX 3060"]),
+        ("0,7,1", ["NVIDIA GeForce RTX 4090"]),  # the list ends at the first unknown device
+        ("", []),
+        ("-1", []),
+        ("NoDevFiles", []),
+    ],
+)
+def test_cuda_visible_devices_is_honoured(value: str | None, names: list[str]) -> None:
+    gpus = parse_nvidia_smi(captured("nvidia-smi-query-two.txt"))
+    env = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
+    assert [g.name for g in visible_cuda_gpus(gpus, env)] == names
+
+
+def test_rocm_targets_from_kfd_sysfs_and_rocminfo() -> None:
+    assert kfd_gfx_targets([captured("kfd-node0-cpu.txt"), captured("kfd-node1-gfx1100.txt")]) == ["gfx1100"]
+    assert kfd_gfx_targets(["gfx_target_version 90402", "gfx_target_version 100302"]) == ["gfx942", "gfx1032"]
+    assert parse_rocminfo(captured("rocminfo-gfx90a.txt")) == ["gfx90a"]
+
+
+def test_sycl_ls_finds_intel_gpus_in_both_formats() -> None:
+    assert parse_sycl_ls(captured("sycl-ls-arc.txt")) == ["Intel(R) Arc(TM) A770 Graphics"]
+    assert parse_sycl_ls(captured("sycl-ls-old-format.txt")) == ["Intel(R) UHD Graphics 770"]
+    assert parse_sycl_ls(captured("sycl-ls-cpu-only.txt")) == []
+
+
+def test_vulkaninfo_summary_devices() -> None:
+    assert parse_vulkaninfo(captured("vulkaninfo-summary-radv.txt")) == [
+        ("PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "AMD Radeon RX 6800 XT (RADV NAVI21)"),
+        ("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe (LLVM 17.0.6, 256 bits)"),
+    ]
+
+
+SMI = "nvidia-smi --query-gpu"
+
+
+@pytest.mark.parametrize(
+    ("probes", "env", "backend", "targets"),
+    [
+        (FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")}), {}, Backend.CUDA, ("90",)),
+        (FakeProbes({"nvidia-smi -L": captured("nvidia-smi-L.txt")}), {}, Backend.CUDA, ()),
+        # CUDA hidden: the next probe decides.
+        (
+            FakeProbes(
+                {SMI: captured("nvidia-smi-query-h200.txt"), "vulkaninfo": captured("vulkaninfo-summary-radv.txt")}
+            ),
+            {"CUDA_VISIBLE_DEVICES": ""},
+            Backend.VULKAN,
+            (),
+        ),
+        (
+            FakeProbes(kfd=[captured("kfd-node0-cpu.txt"), captured("kfd-node1-gfx1100.txt")]),
+            {},
+            Backend.HIP,
+            ("gfx1100",),
+        ),
+        (FakeProbes({"rocminfo": captured("rocminfo-gfx90a.txt")}), {}, Backend.HIP, ("gfx90a",)),
+        (
+            FakeProbes({"rocminfo": captured("rocminfo-gfx90a.txt")}),
+            {"AMDGPU_TARGETS": "gfx90a;gfx942"},
+            Backend.HIP,
+            ("gfx90a", "gfx942"),
+        ),
+        (FakeProbes({"sycl-ls": captured("sycl-ls-arc.txt")}, tools=["icpx"]), {}, Backend.SYCL, ()),
+        # An Intel GPU without oneAPI cannot build SYCL.
+        (FakeProbes({"sycl-ls": captured("sycl-ls-arc.txt")}), {}, Backend.CPU, ()),
+        (FakeProbes(platform=("Darwin", "arm64")), {}, Backend.METAL, ()),
+        (FakeProbes({"sysctl": "1\n"}, platform=("Darwin", "arm64")), {}, Backend.CPU, ()),  # under Rosetta
+        (FakeProbes(platform=("Darwin", "x86_64")), {}, Backend.CPU, ()),
+        (FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-radv.txt")}), {}, Backend.VULKAN, ()),
+        (FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-llvmpipe.txt")}), {}, Backend.CPU, ()),
+        (FakeProbes(), {}, Backend.CPU, ()),
+    ],
+)
+def test_detection_order(probes: FakeProbes, env: dict[str, str], backend: Backend, targets: tuple[str, ...]) -> None:
+    found = detect_backend(env, probes)
+    assert (found.backend, found.targets) == (backend, targets), found.reason
+
+
+def test_an_explicit_choice_wins_without_probing_for_others() -> None:
+    probes = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
+    assert detect_backend({}, probes, explicit="vulkan") == Detection(Backend.VULKAN, "chosen explicitly")
+    assert probes.ran == []
+    assert detect_backend({}, probes, explicit="auto").backend is Backend.CUDA
+
+
+def test_unknown_backend_names_are_refused() -> None:
+    assert parse_backend("auto") is None and parse_backend(" Metal ") is Backend.METAL
+    with pytest.raises(ValueError, match="unknown backend 'rocm'"):
+        parse_backend("rocm")
+
+
+def test_build_plans_per_backend() -> None:
+    tools = ["c++", "nvcc", "glslc", "icpx"]
+    hip_probes = FakeProbes({"hipconfig -l": "/opt/rocm/llvm/bin\n", "hipconfig -R": "/opt/rocm\n"}, tools=tools)
+    cases = {
+        Backend.CPU: ((), {}),
+        Backend.CUDA: (("-DGGML_CUDA=on",), {}),
+        Backend.METAL: (("-DGGML_METAL=on",), {}),
+        Backend.VULKAN: (("-DGGML_VULKAN=on",), {}),
+        Backend.SYCL: (("-DGGML_SYCL=on", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"), {}),
+    }
+    for backend, (args, extra_env) in cases.items():
+        plan = build_plan(Detection(backend, "test"), {}, FakeProbes(tools=tools))
+        assert plan.cmake_args == args and plan.problems == ()
+        assert plan.env == {"CMAKE_ARGS": " ".join(args), **extra_env}
+    hip = build_plan(Detection(Backend.HIP, "test", ("gfx1100", "gfx90a")), {}, hip_probes)
+    assert hip.cmake_args == ("-DGGML_HIP=on", "-DAMDGPU_TARGETS=gfx1100;gfx90a")
+    assert hip.env["HIPCXX"] == "/opt/rocm/llvm/bin/clang" and hip.env["HIP_PATH"] == "/opt/rocm"
+    assert "GGML_HIPBLAS" not in hip.env["CMAKE_ARGS"]  # the old flag is ignored by llama.cpp now
+
+
+def test_the_users_cmake_args_come_last() -> None:
+    plan = build_plan(
+        Detection(Backend.CUDA, "test"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, FakeProbes(tools=["nvcc"])
+    )
+    assert plan.env["CMAKE_ARGS"] == "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
+
+
+def test_missing_prerequisites_are_named_before_the_build() -> None:
+    bare = FakeProbes(tools=[])
+    assert "nvcc not found" in build_plan(Detection(Backend.CUDA, "t"), {}, bare).problems[0]
+    assert (
+        build_plan(Detection(Backend.CUDA, "t"), {}, FakeProbes(tools=[], files=["/usr/local/cuda/bin/nvcc"])).env[
+            "CUDACXX"
+        ]
+        == "/usr/local/cuda/bin/nvcc"
+    )
+    hip = build_plan(Detection(Backend.HIP, "t"), {}, bare).problems
+    assert any("AMDGPU_TARGETS" in p for p in hip) and any("hipconfig" in p for p in hip)
+    assert "glslc" in build_plan(Detection(Backend.VULKAN, "t"), {}, bare).problems[0]
+    assert "oneAPI" in build_plan(Detection(Backend.SYCL, "t"), {}, bare).problems[0]
+    assert "C++ compiler" in build_plan(Detection(Backend.CPU, "t"), {}, bare).problems[0]
+
+
+def test_sycl_takes_the_compilers_from_oneapi_setvars() -> None:
+    probes = FakeProbes({"bash -c": "PATH=/opt/intel/oneapi/compiler/bin:/usr/bin\0ONEAPI_ROOT=/opt/intel/oneapi\0"})
+    plan = build_plan(Detection(Backend.SYCL, "t"), {}, probes)
+    assert plan.env["ONEAPI_ROOT"] == "/opt/intel/oneapi" and plan.env["PATH"].startswith("/opt/intel/oneapi")
+    assert plan.problems == ()
+
+
+def test_system_probes_on_this_machine_answer_quickly() -> None:
+    probes = SystemProbes(timeout=2.0)
+    assert probes.run(["definitely-not-a-tool-here"]) is None
+    assert probes.run(["python3", "-c", "import sys; sys.exit(1)"]) is None
+    assert probes.run(["python3", "-c", "print('hi')"]) == "hi\n"
+    assert detect_backend({}, probes).backend in set(Backend)

@@ -1,0 +1,101 @@
+"""The Dockerfile and the GPU check script, checked against the code (no Docker engine or GPU here)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from engine_launcher.backends import Backend, detect_backend
+from proxy.cli import build_parser
+from proxy.health import HEALTH_PATH, READY_PATH
+from tests.test_backends import FakeProbes
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER_BACKENDS = ("cpu", "cuda", "hip", "sycl", "vulkan")
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    found = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            found.append((word.upper(), rest.strip()))
+    return found
+
+
+DOCKERFILE = instructions((ROOT / "Dockerfile").read_text())
+
+
+def stages() -> dict[str, str]:
+    """Stage name -> base image."""
+    named = {}
+    for word, rest in DOCKERFILE:
+        if word == "FROM":
+            parts = rest.split()
+            if len(parts) == 3 and parts[1].upper() == "AS":
+                named[parts[2]] = parts[0]
+    return named
+
+
+def final_stage() -> list[tuple[str, str]]:
+    last = max(i for i, (word, _) in enumerate(DOCKERFILE) if word == "FROM")
+    return DOCKERFILE[last:]
+
+
+def test_backend_argument_defaults_to_cpu_and_selects_both_stages() -> None:
+    assert DOCKERFILE[0] == ("ARG", "BACKEND=cpu")
+    assert ("FROM", "devel-${BACKEND} AS build") in DOCKERFILE
+    assert final_stage()[0] == ("FROM", "runtime-${BACKEND}")
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+def test_every_backend_has_images_and_an_install_the_launcher_accepts(backend: str) -> None:
+    named = stages()
+    assert f"devel-{backend}" in named and f"runtime-{backend}" in named
+    # The same distribution in both stages, so the virtualenv (and its python3 path) moves unchanged.
+    distro = [re.search(r"bookworm|24\.04", named[f"{kind}-{backend}"]) for kind in ("devel", "runtime")]
+    assert distro[0] and distro[1] and distro[0].group() == distro[1].group()
+    install = next(rest for word, rest in DOCKERFILE if word == "RUN" and "engine install" in rest)
+    argv = shlex.split(install.replace("${BACKEND}", backend))
+    argv = argv[argv.index("/opt/toolpair/venv/bin/toolpair") + 1 :]
+    args = build_parser().parse_args(argv)
+    assert args.engine_command == "install" and args.backend == backend
+    assert detect_backend({}, FakeProbes(), explicit=args.backend).backend is Backend(backend)
+
+
+def test_runtime_is_non_root_exposes_8787_checks_readiness_and_mounts_models() -> None:
+    final = final_stage()
+    assert ("USER", "toolpair") in final and ("EXPOSE", "8787") in final and ("VOLUME", "/models") in final
+    assert any(word == "RUN" and "useradd" in rest and "toolpair" in rest for word, rest in final)
+    check = next(rest for word, rest in final if word == "HEALTHCHECK")
+    url = re.search(r"http://127\.0\.0\.1:8787(/\w+)", check)
+    assert url is not None
+    assert url.group(1) == READY_PATH and READY_PATH != HEALTH_PATH
+
+
+def test_the_entry_point_is_a_command_that_exists() -> None:
+    entry = next(rest for word, rest in final_stage() if word == "ENTRYPOINT")
+    assert entry == '["toolpair", "serve", "--host", "0.0.0.0"]'
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["toolpair"] == "proxy.cli:main"
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--model", "/models/model.gguf"])
+    assert (args.host, args.model, args.run.__name__) == ("0.0.0.0", "/models/model.gguf", "_run_serve")
+
+
+def test_the_gpu_check_script_is_valid_and_calls_real_commands() -> None:
+    script = ROOT / "scripts" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "engine install --backend cuda" in text and "CMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}" in text
+    parser = build_parser()
+    assert parser.parse_args(["engine", "install", "--backend", "cuda"]).backend == "cuda"
+    assert parser.parse_args(["engine", "detect"]).engine_command == "detect"
+    assert parser.parse_args(["serve", "--port", "9", "--model", "m.gguf"]).port == 9

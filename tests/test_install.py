@@ -1,0 +1,213 @@
+"""`toolpair engine install`: the wheel cache per backend, build progress and failures, install and verify.
+
+Building llama-cpp-python takes minutes, so the build step runs a scripted
+stand-in for pip here (``make test`` runs the real install with the cached CPU
+wheel). Installing and verifying run real pip into a fresh virtualenv, with a
+small wheel standing in for llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from engine_launcher import install
+from engine_launcher.backends import Backend, BuildPlan, Detection, build_plan
+from engine_launcher.install import (
+    LLAMA_CPP_VERSION,
+    BuildProgress,
+    InstallError,
+    build_wheel,
+    cached_wheel,
+    install_engine,
+    read_record,
+    wheel_command,
+    wheel_dir,
+)
+from tests.test_backends import FakeProbes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FAKE_PIP = """#!/bin/sh
+# Stands in for "python -m pip wheel ... -w DIR": prints build output, then writes a wheel or fails.
+for last; do :; done
+echo "Collecting llama-cpp-python==0.3.36"
+echo "  Building wheel for llama-cpp-python (pyproject.toml): started"
+echo "  *** Configuring CMake..."
+echo "  -- The C compiler identification is GNU 12.2.0"
+echo "  [  5%] Building C object vendor/llama.cpp/ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o"
+echo "  [ 50%] Building CXX object vendor/llama.cpp/src/CMakeFiles/llama.dir/llama.cpp.o"
+if [ "$FAKE_BUILD" = fail ]; then
+  echo "  nvcc fatal   : Unsupported gpu architecture 'compute_35'"
+  echo "  ERROR: Failed building wheel for llama-cpp-python"
+  exit 1
+fi
+echo "  [100%] Linking CXX shared library vendor/llama.cpp/bin/libllama.so"
+echo "  Created wheel for llama-cpp-python: filename=llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
+echo "fake wheel" > "$last/llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    script = tmp_path / "fake-python"
+    script.write_text(FAKE_PIP)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_build_bypasses_pips_wheel_cache() -> None:
+    command = wheel_command("/py", "llama-cpp-python==0.3.36", Path("/w/cuda"))
+    assert command[:4] == ["/py", "-m", "pip", "wheel"]
+    assert "--no-cache-dir" in command and "--no-deps" in command
+    assert command[command.index("--no-binary") + 1] == "llama-cpp-python"
+    assert command[-2:] == ["-w", "/w/cuda"]
+
+
+def test_wheels_live_in_a_directory_per_backend(tmp_path: Path) -> None:
+    assert wheel_dir(Backend.CUDA, tmp_path) == tmp_path / "wheels" / "cuda"
+    assert wheel_dir(Backend.CPU, tmp_path) != wheel_dir(Backend.CUDA, tmp_path)
+
+
+def test_build_progress_lines() -> None:
+    progress = BuildProgress()
+    lines = FAKE_PIP.replace('echo "', "").splitlines()
+    shown = [s for s in (progress.feed(line.strip().rstrip('"')) for line in lines) if s]
+    assert shown == [
+        "fetching sources",
+        "configuring (CMake)",
+        "compiling 5%",
+        "compiling 50%",
+        "compiling 100%",
+        "packaging the wheel",
+    ]
+
+
+def test_a_build_shows_progress_and_lands_a_wheel(tmp_path: Path, fake_python: str) -> None:
+    out = io.StringIO()
+    plan = BuildPlan(Backend.CUDA, ("-DGGML_CUDA=on",), {"CMAKE_ARGS": "-DGGML_CUDA=on"})
+    wheel = build_wheel(plan, tmp_path / "cuda", python=fake_python, env={"PATH": os.environ["PATH"]}, out=out)
+    assert wheel == tmp_path / "cuda" / "llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl" and wheel.exists()
+    text = out.getvalue()
+    assert "building llama-cpp-python==0.3.36 for cuda (CMAKE_ARGS='-DGGML_CUDA=on')" in text
+    assert "  compiling 50% (" in text and "built llama_cpp_python" in text
+    assert json.loads((tmp_path / "cuda" / "build.json").read_text())["cmake_args"] == ["-DGGML_CUDA=on"]
+    assert "Linking CXX shared library" in (tmp_path / "cuda" / "build.log").read_text()
+    assert not list((tmp_path / "cuda").glob(".build-*"))  # the scratch directory is gone
+
+
+def test_a_failed_build_shows_the_log_tail_and_what_to_install(tmp_path: Path, fake_python: str) -> None:
+    plan = BuildPlan(Backend.CUDA, ("-DGGML_CUDA=on",), {"CMAKE_ARGS": "-DGGML_CUDA=on"})
+    env = {"PATH": os.environ["PATH"], "FAKE_BUILD": "fail"}
+    with pytest.raises(InstallError) as failed:
+        build_wheel(plan, tmp_path / "cuda", python=fake_python, env=env, out=io.StringIO())
+    message = str(failed.value)
+    assert "building llama-cpp-python==0.3.36 for cuda failed (pip exit status 1)" in message
+    assert "|   nvcc fatal   : Unsupported gpu architecture 'compute_35'" in message
+    assert "a cuda build needs the CUDA toolkit with nvcc" in message
+    assert cached_wheel(tmp_path / "cuda") is None  # nothing half-built is left to be reused
+
+
+def fake_llama_wheel(directory: Path, tag: str = "py3-none-any") -> Path:
+    """A minimal wheel named like llama-cpp-python whose gpu offload answer comes from FAKE_LLAMA_GPU."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dist = f"llama_cpp_python-{LLAMA_CPP_VERSION}.dist-info"
+    files = {
+        "llama_cpp/__init__.py": (
+            f"import os\n__version__ = {LLAMA_CPP_VERSION!r}\n"
+            "def llama_supports_gpu_offload():\n    return os.environ.get('FAKE_LLAMA_GPU') == '1'\n"
+        ),
+        f"{dist}/METADATA": (
+            f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {LLAMA_CPP_VERSION}\nProvides-Extra: server\n"
+        ),
+        f"{dist}/WHEEL": f"Wheel-Version: 1.0\nGenerator: toolpair-tests\nRoot-Is-Purelib: true\nTag: {tag}\n",
+    }
+    records = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        records.append(f"{name},sha256={digest},{len(text.encode())}")
+    records.append(f"{dist}/RECORD,,")
+    path = directory / f"llama_cpp_python-{LLAMA_CPP_VERSION}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+        wheel.writestr(f"{dist}/RECORD", "\n".join(records) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv to install into; never the one running the tests."""
+    path = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    return path
+
+
+def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the stand-in wheel needs nothing from an index
+    python = str(venv / "bin" / "python")
+    cache = tmp_path / "cache"
+    wheel = fake_llama_wheel(cache / "wheels" / "cpu")
+    out = io.StringIO()
+    record = install_engine("cpu", python=python, cache=cache, probes=FakeProbes(), out=out)
+    assert (record.backend, record.version, record.gpu_offload) == ("cpu", LLAMA_CPP_VERSION, False)
+    assert record.wheel == str(wheel) and record.cmake_args == []
+    assert f"using the cached wheel {wheel}" in out.getvalue()
+    assert read_record(venv / "share" / "toolpair" / "engine.json") == record
+
+    again = io.StringIO()
+    assert install_engine("cpu", python=python, cache=cache, probes=FakeProbes(), out=again) == record
+    assert "already installed" in again.getvalue()
+
+    # A GPU request never takes the CPU wheel: its own directory is empty, so it must build.
+    built: list[Backend] = []
+
+    def build(plan: BuildPlan, directory: Path, **kw: object) -> Path:
+        built.append(plan.backend)
+        return fake_llama_wheel(directory)
+
+    monkeypatch.setattr(install, "build_wheel", build)
+    h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"}, tools=["nvcc"])
+    with pytest.raises(InstallError, match="cuda build of llama-cpp-python reports no GPU offload"):
+        install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
+    assert built == [Backend.CUDA] and (cache / "wheels" / "cuda").is_dir()
+    assert read_record(venv / "share" / "toolpair" / "engine.json") == record  # the failed install left no record
+
+    # Where no such GPU exists (a docker build), the build is kept and marked unverified.
+    out = io.StringIO()
+    unverified = install_engine("cuda", python=python, cache=cache, probes=FakeProbes(tools=["nvcc"]), out=out)
+    assert (unverified.backend, unverified.gpu_offload) == ("cuda", None)
+    assert "no cuda device here, so GPU offload is not verified" in out.getvalue()
+
+    monkeypatch.setenv("FAKE_LLAMA_GPU", "1")
+    cuda = install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
+    assert (cuda.backend, cuda.gpu_offload, cuda.cmake_args) == ("cuda", True, ["-DGGML_CUDA=on"])
+    assert built == [Backend.CUDA]  # the cuda wheel is now cached and reused
+
+
+def test_a_cached_wheel_is_reused_only_for_the_same_cmake_flags(tmp_path: Path) -> None:
+    directory = tmp_path / "cuda"
+    fake_llama_wheel(directory)
+    probes = FakeProbes(tools=["nvcc"])
+    default = build_plan(Detection(Backend.CUDA, "t"), {}, probes)
+    custom = build_plan(Detection(Backend.CUDA, "t"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, probes)
+    # No build record (a wheel put there by hand): it counts as a default build.
+    assert install._reusable(directory, default, default.cmake_args) is not None
+    assert install._reusable(directory, custom, default.cmake_args) is None
+    (directory / "build.json").write_text(json.dumps({"cmake_args": list(custom.cmake_args)}))
+    assert install._reusable(directory, custom, default.cmake_args) is not None
+    assert install._reusable(directory, default, default.cmake_args) is None
+
+
+def test_the_pinned_version_matches_the_engine_extra() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    assert f'"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"' in text

@@ -1,0 +1,477 @@
+"""`toolpair serve` as a real process: the CPU build of llama-cpp-python with the bundled model behind toolpair.
+
+One server is shared by the module (an engine start costs seconds); the
+tests that use it run in file order and the last of them shuts it down. Waits are for
+conditions (a status code, a process exit), never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from engine_launcher.backends import Backend, Detection
+from engine_launcher.install import EngineRecord
+from engine_launcher.launch import free_port
+from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model
+from engine_launcher.process import die_with_parent
+from proxy import serve
+from proxy.cli import main
+from proxy.config import ConfigError, Settings
+from tests.real_engine import RealEngine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    stdout: Path
+    stderr: Path
+    started_in: float
+
+    def engines(self) -> list[int]:
+        return [p for p in children(self.process.pid) if "llama_cpp.server" in cmdline(p)]
+
+    def engine_pid(self) -> int:
+        engines = self.engines()
+        assert len(engines) == 1, engines
+        return engines[0]
+
+    def log(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+
+def launch_serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    out, err = tmp / "serve.out", tmp / "serve.err"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", *args],
+        stdout=out.open("wb"),
+        stderr=err.open("wb"),
+        env={**os.environ, **env},
+        cwd=ROOT,
+        preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
+    )
+    return process, out, err
+
+
+async def wait_ready(url: str, process: subprocess.Popen[bytes], within: float = 180) -> None:
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, "toolpair serve exited early"
+            try:
+                async with session.get(url + "/ready") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("toolpair serve did not become ready")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    started = time.monotonic()
+    # n_ctx 4096 matches the session's real_engine, so their logprobs are comparable.
+    process, out, err = launch_serve(
+        tmp,
+        "--port",
+        str(port),
+        TOOLPAIR_ENGINE_MAX_CTX="4096",
+        TOOLPAIR_MAX_QUEUE="1",
+        TOOLPAIR_SHUTDOWN_GRACE="60",
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_ready(url, process))
+    except BaseException:
+        process.kill()
+        raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
+    served = Served(process, url, out, err, time.monotonic() - started)
+    yield served
+    if process.poll() is None:  # the last test normally stops it
+        engines = served.engines()
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        assert not any(alive(pid) for pid in engines)
+
+
+def client(url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=url + "/v1", api_key="whatever-the-client-has", max_retries=0, timeout=120)
+
+
+async def long_bias(url: str) -> dict[str, int]:
+    """logit_bias that bans every way the bundled model ends a turn, so it writes until max_tokens."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/extras/tokenize", json={"input": "<|im_end|>"}) as response,
+    ):
+        assert response.status == 200
+        tokens = (await response.json())["tokens"]
+    return {str(t): -100 for t in {*tokens, 1, 106}}
+
+
+STORY = [{"role": "user", "content": "Tell me a story."}]
+
+
+async def ready_status(url: str) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as session, session.get(url + "/ready") as response:
+        return response.status, await response.json()
+
+
+async def until_queue(url: str, waiting: int, within: float = 30) -> None:
+    """Poll /ready until the queue holds ``waiting`` requests."""
+    async with asyncio.timeout(within):
+        while True:
+            if (await ready_status(url))[1]["engine"]["queue"]["waiting"] == waiting:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_serve_comes_up_answers_health_and_readiness_and_says_how_to_connect(served: Served) -> None:
+    async with aiohttp.ClientSession() as session, session.get(served.url + "/health") as response:
+        assert response.status == 200 and await response.json() == {"status": "ok"}
+    status, body = await ready_status(served.url)
+    assert status == 200 and body["status"] == "ready" and body["engine"]["state"] == "ready"
+    banner = served.stdout.read_text()
+    assert f'OpenAI(base_url="{served.url}/v1"' in banner
+    assert f'Anthropic(base_url="{served.url}"' in banner and f"ANTHROPIC_BASE_URL={served.url}" in banner
+    assert "n_ctx 4096" in banner and "chatml-tools.json" in banner
+    print(f"\nserve start-up to ready: {served.started_in:.2f}s")
+
+
+async def test_only_toolpair_can_reach_the_engine(served: Served) -> None:
+    argv = cmdline(served.engine_pid())
+    port = argv[argv.index("--port") + 1]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "--api_key" not in argv and "--interrupt_requests" in argv
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/v1/models") as response:
+            assert response.status == 401
+        async with session.get(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer whatever-the-client-has"}
+        ) as response:
+            assert response.status == 401
+        async with session.get(served.url + "/v1/models") as response:
+            assert response.status == 200  # toolpair adds the engine's key
+
+
+async def test_chat_through_serve_non_stream_and_stream(served: Served) -> None:
+    async with client(served.url) as api:
+        reply = await api.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
+        )
+        stream = await api.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0, stream=True
+        )
+        chunks = [c async for c in stream]
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
+
+
+CALLS = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {"id": "call_paris", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_oslo", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+    ],
+}
+PARIS = {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C and sunny"}
+OSLO = {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C and snowing"}
+ASK = {"role": "user", "content": "What is the weather in Paris and in Oslo?"}
+
+
+async def first_token_logprobs(url: str, messages: list[dict[str, Any]], key: str | None = None) -> list[Any]:
+    body = {
+        "model": "any",
+        "messages": messages,
+        "temperature": 0,
+        "seed": 7,
+        "logprobs": True,
+        "top_logprobs": 5,
+        "max_tokens": 1,
+    }
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    # llama-cpp-python reuses the evaluated prefix of the previous prompt, and
+    # evaluating a prompt in different batches moves logprobs slightly. A primer
+    # that shares nothing with the chat prompt but <bos> makes each engine
+    # evaluate the measured prompt whole, in one batch.
+    primer = {"model": "any", "prompt": "Zebra", "temperature": 0, "max_tokens": 1}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=primer, headers=headers) as response:
+            assert response.status == 200, await response.text()
+        async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
+            assert response.status == 200, await response.text()
+            reply = await response.json()
+    return [(t["token"], t["logprob"]) for t in reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]]
+
+
+async def test_the_engine_sees_reversed_results_in_call_order(served: Served, real_engine: RealEngine) -> None:
+    """What the model saw, proven by its first-token distribution: the same tool twice, results reversed.
+
+    (No ``tools`` list in the request: llama-cpp-python computes logprobs over
+    the whole prompt, so every prompt token costs time, and the calls and
+    results render the same without it.)
+    """
+    ordered_direct = await first_token_logprobs(real_engine.url, [ASK, CALLS, PARIS, OSLO], real_engine.api_key)
+    reversed_direct = await first_token_logprobs(real_engine.url, [ASK, CALLS, OSLO, PARIS], real_engine.api_key)
+    reversed_through_toolpair = await first_token_logprobs(served.url, [ASK, CALLS, OSLO, PARIS])
+    assert len(ordered_direct) == 5
+    assert reversed_through_toolpair == ordered_direct
+    assert reversed_direct != ordered_direct
+
+
+async def stream_text(api: AsyncOpenAI, **kw: Any) -> tuple[str, str | None, int]:
+    stream = await api.chat.completions.create(model="any", messages=STORY, temperature=0, stream=True, **kw)
+    text, finish, pieces = "", None, 0
+    async for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta.content
+            if delta:
+                text += delta
+                pieces += 1
+            finish = chunk.choices[0].finish_reason or finish
+    return text, finish, pieces
+
+
+async def test_two_concurrent_streams_both_finish_uncut(served: Served) -> None:
+    bias = await long_bias(served.url)
+    async with client(served.url) as api:
+        reference = await api.chat.completions.create(
+            model="any", messages=STORY, temperature=0, max_tokens=16, logit_bias=bias
+        )
+        first, second = await asyncio.gather(
+            stream_text(api, max_tokens=16, logit_bias=bias), stream_text(api, max_tokens=16, logit_bias=bias)
+        )
+    assert reference.choices[0].finish_reason == "length"
+    for text, finish, pieces in (first, second):
+        assert finish == "length" and pieces > 0
+        assert text == reference.choices[0].message.content
+
+
+async def test_queue_full_gets_429_and_a_client_that_leaves_frees_its_place(served: Served) -> None:
+    bias = await long_bias(served.url)
+    async with client(served.url) as api, aiohttp.ClientSession() as session:
+        running = await api.chat.completions.create(
+            model="any", messages=STORY, temperature=0, max_tokens=400, logit_bias=bias, stream=True
+        )
+        await running.__anext__()  # the engine is generating for this one
+        waiting = asyncio.create_task(
+            api.chat.completions.create(model="any", messages=STORY, temperature=0, max_tokens=4)
+        )
+        await until_queue(served.url, 1)  # max_queue is 1: the queue is now full
+        async with session.post(
+            served.url + "/v1/chat/completions", json={"model": "any", "messages": STORY, "max_tokens": 4}
+        ) as refused:
+            assert refused.status == 429 and int(refused.headers["Retry-After"]) >= 1
+            assert (await refused.json())["error"]["code"] == "queue_full"
+        waiting.cancel()  # this client gives up while it waits
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await until_queue(served.url, 0)
+        # Its place is free again: the next request queues instead of being refused.
+        admitted = asyncio.create_task(
+            api.chat.completions.create(model="any", messages=STORY, temperature=0, max_tokens=2)
+        )
+        await until_queue(served.url, 1)
+        await running.close()  # ends the long stream early; the queued request goes next
+        assert (await admitted).choices[0].finish_reason in ("length", "stop")
+
+
+async def test_a_killed_engine_gives_a_clean_error_and_comes_back(served: Served) -> None:
+    bias = await long_bias(served.url)
+    engine = served.engine_pid()
+    async with client(served.url) as api:
+        stream = await api.chat.completions.create(
+            model="any", messages=STORY, temperature=0, max_tokens=400, logit_bias=bias, stream=True
+        )
+        await stream.__anext__()
+        killed = time.monotonic()
+        os.kill(engine, signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="broke off the response"):
+            async for _ in stream:
+                pass
+        async with asyncio.timeout(120):
+            while True:
+                status, body = await ready_status(served.url)
+                if status == 200 and body["engine"]["restarts"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+        restarted_in = time.monotonic() - killed
+        assert served.engine_pid() != engine
+        reply = await api.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4, temperature=0
+        )
+        assert reply.choices[0].message.content is not None
+    assert "engine exited with status -9" in served.log() and "restarting in 0.5s" in served.log()
+    print(f"\nengine restart, SIGKILL to ready: {restarted_in:.2f}s")
+
+
+async def test_shutdown_lets_the_running_stream_finish_and_leaves_no_engine(served: Served) -> None:
+    bias = await long_bias(served.url)
+    engine = served.engine_pid()
+    async with client(served.url) as api:
+        stream = await api.chat.completions.create(
+            model="any", messages=STORY, temperature=0, max_tokens=24, logit_bias=bias, stream=True
+        )
+        await stream.__anext__()
+        served.process.send_signal(signal.SIGTERM)
+        finish = None
+        async for chunk in stream:
+            if chunk.choices:
+                finish = chunk.choices[0].finish_reason or finish
+    assert finish == "length"  # the stream in flight was not cut off
+    assert await asyncio.to_thread(served.process.wait, 60) == 0
+    assert not alive(engine)
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as session, session.get(served.url + "/health"):
+            pass
+    assert "shutting down" in served.log() and "engine stopped" in served.log()
+
+
+# --- start-up failures, each with its own short-lived server ----------------------------------------
+
+
+def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", str(tmp_path / "missing.gguf")]) == 2
+    assert "model file" in capsys.readouterr().err
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"not a model")
+    assert main(["serve", "--model", str(not_gguf)]) == 2
+    assert "is not a GGUF model file" in capsys.readouterr().err
+
+
+async def test_an_engine_that_cannot_load_the_model_stops_serve_with_its_log(tmp_path: Path) -> None:
+    # A whole header with no tensors after it: toolpair reads it fine, the engine cannot load it.
+    truncated = tmp_path / "truncated.gguf"
+    with bundled_model().open("rb") as source:
+        truncated.write_bytes(source.read(8 << 20))
+    port = free_port()
+    process, _out, err = launch_serve(tmp_path, "--model", str(truncated), "--port", str(port))
+    code = await asyncio.to_thread(process.wait, 120)
+    log = err.read_text()
+    assert code == 1, log[-3000:]
+    assert "the engine failed to start: exited with status" in log
+    assert "failed to load model" in log  # the engine's own words, from its output
+    assert not children(process.pid)
+
+
+# --- decisions made before anything starts ------------------------------------------------------
+
+
+def record(backend: str) -> EngineRecord:
+    return EngineRecord(backend, "0.3.36", "w.whl", "0" * 64, backend != "cpu", [])
+
+
+def test_plan_for_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    plan = serve.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
+    launch = plan.launch
+    assert launch.model == bundled_model() and launch.chat_template == DEFAULT_TEMPLATE
+    assert launch.n_ctx == 8192  # the model's 32768, capped by engine_max_ctx
+    assert launch.n_gpu_layers == 0 and launch.host == "127.0.0.1" and len(launch.api_key) >= 32
+    assert plan.backend == "cpu" and plan.warnings == []
+    assert serve.plan_serve(Settings(engine_max_ctx=100_000), check_machine=False).launch.n_ctx == 32768
+    assert serve.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key
+
+
+def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
+    assert serve.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == -1
+    assert serve.plan_serve(Settings(engine_gpu_layers=12), check_machine=False).launch.n_gpu_layers == 12
+
+
+def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
+    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found"))
+    plan = serve.plan_serve(Settings())
+    assert plan.warnings == [
+        "the engine is built for cuda, but this machine gets cpu (no GPU found); "
+        "run `toolpair engine install --backend cpu`"
+    ]
+    monkeypatch.setattr(serve, "read_record", lambda: None)
+    assert "its backend is unknown" in serve.plan_serve(Settings()).warnings[0]
+
+
+def test_a_bad_template_or_backend_setting_is_refused(tmp_path: Path) -> None:
+    template = tmp_path / "t.json"
+    template.write_text("{}")
+    with pytest.raises(ConfigError, match="tokenizer_config-style JSON"):
+        serve.plan_serve(Settings(chat_template=str(template)), check_machine=False)
+    with pytest.raises(ConfigError, match="unknown backend 'rocm'"):
+        serve.plan_serve(Settings(engine_backend="rocm"), check_machine=False)
+    with pytest.raises(ConfigError, match="max_concurrency must be at least 1"):
+        serve.plan_serve(Settings(max_concurrency=0), check_machine=False)
+    with pytest.raises(ConfigError, match="max_queue must be at least 0"):
+        serve.plan_serve(Settings(max_queue=-1), check_machine=False)
+
+
+def test_engine_detect_says_what_this_machine_gets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engine", "detect"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("backend: ") and "reason: " in out and "CMAKE_ARGS: " in out
+
+
+def test_managed_settings_follow_the_engine_and_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    plan = serve.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
+    assert plan.template_text is not None and "<tool_call>" in plan.template_text
+    managed = serve.managed_settings(Settings(), plan)
+    assert managed.engine_kind == "llama-cpp-python"
+    assert managed.tool_call_format == "hermes"
+    assert managed.think_in_prompt is False
+    assert managed.count_tokens_template == str(plan.launch.chat_template)
+    # Explicit settings win over what the template suggests.
+    explicit = serve.managed_settings(Settings(tool_call_format="none", count_tokens_template="/t.json"), plan)
+    assert (explicit.tool_call_format, explicit.count_tokens_template) == ("none", "/t.json")
