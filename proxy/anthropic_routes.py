@@ -279,8 +279,8 @@ async def _generate(
             await emit(events.feed(chunk))
             if events.done:
                 return
-    except UpstreamStatusError:
-        raise  # the engine said what is wrong
+    except (UpstreamStatusError, UpstreamTimeoutError):
+        raise  # the engine said what is wrong, or is not answering: asking it again would only wait again
     except UpstreamError:
         if received:
             raise

@@ -20,9 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.real_engine import ROOT, free_port
+from engine_launcher.launch import free_port
+from engine_launcher.process import die_with_parent
 
-__all__ = ["Process", "rss_kib", "running", "start_mock_engine", "start_toolpair"]
+__all__ = ["ROOT", "Process", "rss_kib", "running", "start_mock_engine", "start_toolpair"]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -68,7 +71,13 @@ def start_mock_engine(log_dir: Path, *args: str, timeout: float = 30.0) -> Proce
     log = log_dir / f"mock-engine-{time.monotonic_ns()}.log"
     command = [sys.executable, "-m", "tests.mock_engine", "--port", "0", *args]
     process = subprocess.Popen(
-        command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True
+        command,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=log.open("wb"),
+        start_new_session=True,
+        preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
     )
     assert process.stdout is not None
     deadline = time.monotonic() + timeout
@@ -105,6 +114,7 @@ def start_toolpair(log_dir: Path, *args: str, env: dict[str, str] | None = None,
             stdout=subprocess.DEVNULL,
             stderr=log.open("wb"),
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout

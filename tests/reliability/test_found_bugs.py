@@ -7,6 +7,7 @@ an in-band error. Each now gets a 4xx in its dialect, or is served.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from proxy.order import order_responses_items
 from proxy.responses import ResponsesStream, translate_request
 from tests.mock_engine import Received, chunk
 from tests.reliability.client import post
-from tests.reliability.conftest import Proxy
+from tests.reliability.conftest import Proxy, ProxyFactory
 from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import body
 
@@ -129,3 +130,25 @@ def test_the_pure_pieces_directly() -> None:
     stream.start()
     stream.feed({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": None}})
     assert stream.finish()[-1]["response"]["usage"]["total_tokens"] == 2
+
+
+# --- an Anthropic stream whose engine went silent -----------------------------------------------
+
+
+async def _silent(request: web.Request, received: Received) -> web.StreamResponse:
+    await asyncio.sleep(3600)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_engine_that_times_out_is_not_asked_again(proxy_factory: ProxyFactory, stream: bool) -> None:
+    """A timeout before the first chunk sent a one-token probe to the silent engine, doubling the wait."""
+    async with proxy_factory(engine_kind="llama-cpp-python", upstream_read_timeout=1.0) as proxy:
+        proxy.engine.then(_silent).then(_silent)
+        request = body("anthropic", stream=stream)
+        request["stop_sequences"] = ["never"]  # a non-stream request with stop sequences is streamed from the engine
+        answer = await post(proxy.url, "anthropic", request)
+        assert answer.status == 504 and answer.toolpairs, answer.body
+        check_error_body("anthropic", answer.body)
+        assert answer.seconds < 1.9
+        assert len(proxy.engine.received) == 1
