@@ -180,7 +180,7 @@ def _tools_to_chat(tools: Sequence[Any], where: str) -> tuple[list[Body], dict[s
     """
     chat: list[Body] = []
     refs: dict[str, ToolRef] = {}
-    dropped: list[str] = []
+    dropped: dict[str, None] = {}  # ordered, and a set: a request may name many thousands
 
     def add(tool: Any, at: str, namespace: str | None) -> None:
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
@@ -194,8 +194,7 @@ def _tools_to_chat(tools: Sequence[Any], where: str) -> tuple[list[Body], dict[s
                 add(nested, f"{at}.tools[{index}]", _str(tool, "name", at))
             return
         if kind not in ("function", "custom"):
-            if kind not in dropped:
-                dropped.append(kind)
+            dropped[kind] = None
             return
         name = _str(tool, "name", at)
         chat_name = flat_name(name, namespace)
@@ -206,7 +205,7 @@ def _tools_to_chat(tools: Sequence[Any], where: str) -> tuple[list[Body], dict[s
 
     for index, tool in enumerate(tools):
         add(tool, f"{where}[{index}]", None)
-    return chat, refs, dropped
+    return chat, refs, list(dropped)
 
 
 def _tool_choice(choice: Any, refs: Mapping[str, ToolRef]) -> tuple[Any, set[str] | None]:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FIGURES", "count", "record", "write"]
+__all__ = ["FIGURES", "count", "maximum", "record", "write"]
 
 FIGURES: dict[str, dict[str, Any]] = {}
 
@@ -26,6 +26,12 @@ def count(name: str, key: str, by: int = 1) -> None:
     """Add ``by`` to the counter ``key`` of ``name`` (tests that pass one case at a time)."""
     values = FIGURES.setdefault(name, {})
     values[key] = values.get(key, 0) + by
+
+
+def maximum(name: str, key: str, value: float) -> None:
+    """Keep the largest ``value`` seen under ``key`` of ``name``."""
+    values = FIGURES.setdefault(name, {})
+    values[key] = max(values.get(key, value), value)
 
 
 def write() -> Path:

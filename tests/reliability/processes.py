@@ -9,11 +9,13 @@ and is stopped with SIGTERM, then SIGKILL, by the test that started it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,8 +24,9 @@ from pathlib import Path
 
 from engine_launcher.launch import free_port
 from engine_launcher.process import die_with_parent
+from tests.mock_engine import MockEngine
 
-__all__ = ["ROOT", "Process", "rss_kib", "running", "start_mock_engine", "start_toolpair"]
+__all__ = ["ROOT", "EngineThread", "Process", "rss_kib", "running", "start_mock_engine", "start_toolpair"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,3 +141,26 @@ def running(*processes: Process) -> Iterator[None]:
     finally:
         for process in processes:
             process.stop()
+
+
+class EngineThread:
+    """A :class:`~tests.mock_engine.MockEngine` on its own event loop in a thread.
+
+    For module-scoped fixtures: each test has its own event loop, but the
+    engine (and what it received) must outlive them.
+    """
+
+    def __init__(self, engine: MockEngine) -> None:
+        self.engine = engine
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mock-engine", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self.engine.start(), self._loop).result(10)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.engine.stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

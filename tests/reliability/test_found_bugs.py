@@ -8,14 +8,18 @@ an in-band error. Each now gets a 4xx in its dialect, or is served.
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 from typing import Any
 
 import orjson
 import pytest
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from proxy.adapt import adapt_chat_request
 from proxy.engines import engine_profile
+from proxy.logs import log_handler
 from proxy.order import order_responses_items
 from proxy.responses import ResponsesStream, translate_request
 from tests.mock_engine import Received, chunk
@@ -152,3 +156,42 @@ async def test_an_engine_that_times_out_is_not_asked_again(proxy_factory: ProxyF
         check_error_body("anthropic", answer.body)
         assert answer.seconds < 1.9
         assert len(proxy.engine.received) == 1
+
+
+# --- logs and headers that carried client text ------------------------------------------------
+
+
+def test_a_request_that_is_not_http_is_one_info_line_without_a_traceback() -> None:
+    stream = io.StringIO()
+    handler = log_handler("text", stream)
+    logger = logging.getLogger("aiohttp.server")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        try:
+            raise BadHttpMessage("Duplicate Content-Length")
+        except BadHttpMessage:
+            logger.exception("Error handling request from 127.0.0.1")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and " INFO aiohttp.server: refused a request that is not valid HTTP" in lines[0], lines
+
+
+def test_a_text_log_line_cannot_be_split_by_client_text() -> None:
+    stream = io.StringIO()
+    handler = log_handler("text", stream)
+    record = logging.LogRecord("toolpair.access", logging.INFO, __file__, 1, "GET %s 404", ("/a\r\nFAKE",), None)
+    record.fields = {"path": "/a\r\nFAKE"}
+    handler.handle(record)
+    assert stream.getvalue().count("\n") == 1 and "/a\\r\\nFAKE" in stream.getvalue()
+
+
+async def test_a_hosted_tool_type_never_reaches_a_response_header_as_it_is(llama_proxy: Proxy) -> None:
+    tools = [{"type": "web_search\r\nSet-Cookie: a=1"}, {"type": "x" * 5000}, *({"type": f"t{n}"} for n in range(500))]
+    answer = await post(llama_proxy.url, "responses", {"input": "hi", "tools": tools})
+    assert answer.status == 200, answer.body  # the engine's work reached the client (it was cut off before)
+    header = answer.headers["X-Toolpair-Dropped-Tools"]
+    assert header.startswith("(invalid),t0,t1,") and header.endswith(",...") and len(header) <= 1024
+    assert "Set-Cookie" not in answer.headers
