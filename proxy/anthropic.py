@@ -41,6 +41,7 @@ from proxy._types import Body, Message, Messages
 from proxy.chat import decode_body
 from proxy.errors import ClientInputError, PromptTooLongError, ToolpairError, UpstreamError, UpstreamStatusError
 from proxy.order import OrderReport, order_anthropic_results
+from proxy.privacy import private
 from proxy.sse import encode_event
 from proxy.stop_sequences import StopMatcher
 
@@ -866,10 +867,10 @@ def _tool_input(buffer: str) -> Any:
     try:
         value = orjson.loads(buffer)
     except orjson.JSONDecodeError:
-        log.warning("a tool call's arguments are not JSON; sending an empty input: %.200s", buffer)
+        log.warning("a tool call's arguments are not JSON; sending an empty input: %s", private(buffer[:200]))
         return {}
     if not isinstance(value, dict):
-        log.warning("a tool call's arguments are not a JSON object; sending an empty input: %.200s", buffer)
+        log.warning("a tool call's arguments are not a JSON object; sending an empty input: %s", private(buffer[:200]))
         return {}
     return value
 

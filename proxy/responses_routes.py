@@ -24,6 +24,7 @@ from proxy.chat import decode_body
 from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
 from proxy.errors import Dialect, ToolpairError, UpstreamError
+from proxy.privacy import log_message
 from proxy.responses import (
     ResponsesPlan,
     ResponsesStream,
@@ -195,7 +196,7 @@ async def _stream(
                     await out.write(encode(transducer.feed(chunk)))
                 await out.write(encode(transducer.finish()))
             except UpstreamError as exc:
-                log.warning("%s %s: %s", request.method, request.path, exc.message)
+                log.warning("%s %s: %s", request.method, request.path, log_message(exc))
                 await out.write(encode(transducer.fail(exc)))
     except ToolpairError as exc:  # refused before the stream began (e.g. the engine is not ready)
         if out.prepared:

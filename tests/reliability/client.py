@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from tests.reliability.workload import PATHS
 
@@ -43,15 +44,22 @@ async def send(
     url: str,
     method: str = "POST",
     data: bytes | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
     deadline: float = 20.0,
 ) -> Answer:
-    """One request on a fresh connection; the whole answer must arrive within ``deadline`` seconds."""
+    """One request on a fresh connection; the whole answer must arrive within ``deadline`` seconds.
+
+    ``headers`` replace the defaults of the same name; a multidict may repeat a name.
+    """
     started = time.monotonic()
+    sent = CIMultiDict(HEADERS)
+    for name in headers or {}:
+        sent.popall(name, None)
+    sent.extend(headers or {})
     async with (
         asyncio.timeout(deadline),
         aiohttp.ClientSession() as session,
-        session.request(method, url, data=data, headers={**HEADERS, **(headers or {})}) as response,
+        session.request(method, url, data=data, headers=sent) as response,
     ):
         body = await response.read()
         return Answer(response.status, response.headers, body, time.monotonic() - started)
