@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
+from engine_launcher.process import ChildSpec, EngineSupervisor
 from proxy.adapt import adapt_chat_request
 from proxy.engines import engine_profile
 from proxy.logs import log_handler
@@ -195,3 +196,36 @@ async def test_a_hosted_tool_type_never_reaches_a_response_header_as_it_is(llama
     header = answer.headers["X-Toolpair-Dropped-Tools"]
     assert header.startswith("(invalid),t0,t1,") and header.endswith(",...") and len(header) <= 1024
     assert "Set-Cookie" not in answer.headers
+
+
+# --- the managed engine's report of a failed request ---------------------------------------------
+
+REPORT = [
+    'INFO:     127.0.0.1:1 - "POST /extras/tokenize/count HTTP/1.1" 200 OK',
+    "Exception: 1 validation errors:",
+    "  {'type': 'missing', 'loc': ('body', 'messages', 0), 'input': {'role': 'function', 'content': 'SECRET'}}",
+    "Traceback (most recent call last):",
+    '  File "llama_cpp/server/errors.py", line 173, in custom_route_handler',
+    "fastapi.exceptions.RequestValidationError: 1 validation errors:",
+    "  {'type': 'missing', 'loc': ('body', 'messages', 0), 'input': {'role': 'function', 'content': 'SECRET'}}",
+    'INFO:     127.0.0.1:2 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
+    "llama_perf_context_print: load time = 1 ms",
+]
+
+
+@pytest.mark.parametrize("quote_requests", [False, True])
+def test_the_supervisor_leaves_the_engines_failed_request_report_out_of_the_log(
+    caplog: pytest.LogCaptureFixture, quote_requests: bool
+) -> None:
+    """llama-cpp-python's report of a request it failed quotes the request; toolpair relayed it to its log."""
+    supervisor = EngineSupervisor(ChildSpec(["true"], "http://127.0.0.1:1/"), quote_requests=quote_requests)
+    with caplog.at_level(logging.INFO, logger="toolpair.engine"):
+        for line in REPORT:
+            supervisor._log_line(line.encode())
+    logged = [record.getMessage() for record in caplog.records]
+    assert ("SECRET" in "\n".join(logged)) is quote_requests
+    assert ("SECRET" in "\n".join(supervisor.recent_log(50))) is quote_requests  # crash reports quote these
+    assert logged[0].endswith("200 OK") and logged[-1].endswith("load time = 1 ms")  # the rest is relayed
+    assert logged[-2].endswith("500 Internal Server Error")
+    if not quote_requests:
+        assert len(logged) == 4 and "report of a failed request is left out" in logged[1]
