@@ -27,7 +27,7 @@ class Proxy:
     app: web.Application
 
 
-def _serve(engine: MockEngine, **settings: Any) -> AbstractAsyncContextManager[Proxy]:
+def serve_proxy(engine: MockEngine, **settings: Any) -> AbstractAsyncContextManager[Proxy]:
     @asynccontextmanager
     async def serve() -> AsyncIterator[Proxy]:
         options: dict[str, Any] = {"connect_timeout": 2.0, "upstream_read_timeout": 5.0, **settings}
@@ -47,14 +47,14 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
 @pytest.fixture
 async def proxy_factory(engine: MockEngine) -> ProxyFactory:
     """``async with proxy_factory(engine_kind=..., ...) as proxy``: toolpair with these settings."""
-    return lambda **settings: _serve(engine, **settings)
+    return lambda **settings: serve_proxy(engine, **settings)
 
 
 @pytest.fixture
 async def llama_proxy(engine: MockEngine) -> AsyncIterator[Proxy]:
     """toolpair as ``toolpair serve`` runs it: engine kind llama-cpp-python (adapted, calls extracted)."""
     engine.tokenizer = True
-    async with _serve(engine, engine_kind="llama-cpp-python") as proxy:
+    async with serve_proxy(engine, engine_kind="llama-cpp-python") as proxy:
         yield proxy
 
 

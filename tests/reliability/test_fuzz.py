@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from tests.mock_engine import MockEngine
 from tests.reliability.client import post, send
-from tests.reliability.conftest import Proxy, _serve
+from tests.reliability.conftest import Proxy, serve_proxy
 from tests.reliability.figures import count
 from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import body
@@ -220,7 +220,10 @@ ROUTES = [
 @pytest.fixture
 async def proxies(engine: MockEngine) -> AsyncIterator[dict[str, Proxy]]:
     engine.tokenizer = True
-    async with _serve(engine, engine_kind="llama-cpp-python") as llama, _serve(engine, engine_kind="generic") as plain:
+    async with (
+        serve_proxy(engine, engine_kind="llama-cpp-python") as llama,
+        serve_proxy(engine, engine_kind="generic") as plain,
+    ):
         yield {"llama-cpp-python": llama, "generic": plain}
 
 

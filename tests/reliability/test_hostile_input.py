@@ -38,7 +38,7 @@ from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import APIS, PATHS, body
 
 LIMIT = 64 * 1024 * 1024  # toolpair's default max_body_bytes
-DEADLINE = 15.0
+DEADLINE = 30.0
 JSON_HEADERS = (("Content-Type", "application/json"), ("anthropic-version", "2023-06-01"))
 CHUNKED = ("Transfer-Encoding", "chunked")
 
@@ -294,6 +294,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     tmp = tmp_path_factory.mktemp("hostile")
     toolpair = start_toolpair(tmp, "proxy", "--upstream", url, "--engine-kind", "llama-cpp-python")
     host, port = toolpair.url.removeprefix("http://").split(":")
+    record("hostile_input", rss_before_mib=round(rss_kib(toolpair.pid) / 1024, 1))
     try:
         yield Target(toolpair, engine, (host, int(port)))
     finally:

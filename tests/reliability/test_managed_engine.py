@@ -33,6 +33,8 @@ import pytest
 
 from engine_launcher.launch import free_port
 from engine_launcher.process import die_with_parent
+from proxy.config import Settings
+from proxy.serve import plan_serve
 from tests.real_engine import bundled_model
 from tests.reliability.client import HEADERS, post
 from tests.reliability.figures import count, record
@@ -199,9 +201,6 @@ async def test_the_engine_listens_on_loopback_only_with_a_random_key_of_its_own(
         async with session.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}) as r:
             assert r.status == 200  # the key is what opens it
     # Each serve picks a new key.
-    from proxy.config import Settings
-    from proxy.serve import plan_serve
-
     keys = {plan_serve(Settings(), check_machine=False).launch.api_key for _ in range(3)}
     assert len(keys) == 3 and key not in keys
     count("managed_engine", "security_checks")
