@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy._types import Body, Message
-from proxy.engines import EngineProfile
+from proxy.engines import EngineKind, EngineProfile
 from proxy.errors import ClientInputError
 
 __all__ = ["RULES", "adapt_chat_request"]
@@ -287,6 +287,8 @@ def adapt_chat_request(body: Body, profile: EngineProfile) -> tuple[Body, tuple[
     >>> adapt_chat_request(body, engine_profile("generic"))[0] is body
     True
     """
+    if profile.kind is EngineKind.GENERIC:
+        return body, ()  # a generic engine accepts every shape: no rule can fire
     fired: list[str] = []
     for rule in RULES:
         adapted = rule(body, profile)

@@ -33,6 +33,7 @@ would let clients create unbounded series.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -80,6 +81,8 @@ class Metrics:
 
     def __init__(self, engine_probe: Callable[[], EngineSnapshot | None] = lambda: None) -> None:
         self.registry = CollectorRegistry()
+        # Labelled children by label values: labels() takes a lock and validates on every call.
+        self._children: dict[tuple[str, ...], Any] = {}
         r = self.registry
         self.requests = Counter("toolpair_requests", "Requests answered", ["route", "status"], registry=r)
         self.in_flight = Gauge("toolpair_requests_in_flight", "Requests being served now", registry=r)
@@ -125,11 +128,19 @@ class Metrics:
 
     def record(self, trace: Trace, route: str, status: int, duration: float, usage: Usage | None) -> None:
         """Count one finished request; ``usage`` is ``trace.usage()``, read once by the caller."""
-        self.requests.labels(route, str(status)).inc()
-        self.duration.labels(route).observe(duration)
+        children = self._children
+        key = (route, str(status))
+        count = children.get(key)
+        if count is None:
+            count = children[key] = self.requests.labels(*key)
+        count.inc()
+        timers = children.get((route,))
+        if timers is None:
+            timers = children[(route,)] = (self.duration.labels(route), self.upstream_ttfb.labels(route))
+        timers[0].observe(duration)
         ttfb = trace.upstream_ttfb
         if ttfb is not None:
-            self.upstream_ttfb.labels(route).observe(ttfb)
+            timers[1].observe(ttfb)
         for api, report in trace.orders:
             self.runs_reordered.labels(api).inc(report.reordered)
             self.runs_in_order.labels(api).inc(report.in_order)

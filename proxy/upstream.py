@@ -59,10 +59,12 @@ def forwardable_headers(headers: Mapping[str, str], drop: Iterable[str] = ()) ->
 
     Also drops any header that the ``Connection`` header names, as RFC 9110 asks.
     """
-    named = {h.strip().lower() for h in headers.get("connection", "").split(",") if h.strip()}
-    skip = HOP_BY_HOP | named | {h.lower() for h in drop}
+    skip = HOP_BY_HOP.union(drop) if drop else HOP_BY_HOP
+    connection = headers.get("connection")
+    if connection:
+        skip = skip | {h.strip().lower() for h in connection.split(",") if h.strip()}
     # items() of a multidict yields every value of a repeated header.
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in skip)
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
 
 
 class Upstream:

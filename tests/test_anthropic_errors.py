@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.server import create_app
@@ -167,12 +167,6 @@ async def test_engine_error_statuses_keep_their_status_in_anthropic_shape(
     async with anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0) as sdk:
         with pytest.raises(sdk_error, match="plain detail"):
             await sdk.messages.create(model="c", max_tokens=5, messages=HI)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("stream", [False, True])

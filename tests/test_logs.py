@@ -7,7 +7,6 @@ import io
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.logs import log_handler, setup_logging
 from proxy.server import create_app
@@ -226,12 +226,6 @@ async def test_bodies_are_logged_only_when_asked(engine: MockEngine, captured: i
 
 
 # -- the real command: JSON lines on stderr, no secret anywhere
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def read(path: Path) -> str:

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from engine_launcher.launch import free_port
 from proxy.config import Settings
 from proxy.server import create_app
 from tests.conftest import Stack, start_app
@@ -228,12 +229,6 @@ async def test_client_disconnect_mid_stream_stops_the_engine(stack: Stack) -> No
             break
         await asyncio.sleep(0.02)
     assert len(stack.engine.cancelled) == 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
