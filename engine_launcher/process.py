@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -172,6 +173,16 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
         os.killpg(process.pid, sig)
 
 
+# llama-cpp-python prints a report for every request it fails: "Exception: <error>", a
+# traceback, the error again. Its validation errors quote the request, prompt included,
+# so the report is left out of the log unless ``quote_requests`` (log_bodies) allows it.
+# uvicorn's next log line (its access line for that request) ends the report.
+_REPORT_START = "Exception: "
+_REPORT_END = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s")
+_REPORT_MAX_LINES = 1000
+_REPORT_LEFT_OUT = "(its report of a failed request is left out: it may quote the request; log_bodies shows it)"
+
+
 class EngineSupervisor:
     """Owns one engine process. Methods are requests to the owner task."""
 
@@ -181,8 +192,11 @@ class EngineSupervisor:
         policy: RestartPolicy | None = None,
         *,
         on_give_up: Callable[[str], None] | None = None,
+        quote_requests: bool = False,
     ) -> None:
         self.spec = spec
+        self._quote_requests = quote_requests
+        self._hidden: int | None = None  # lines of a failed-request report left out so far
         self.policy = policy or RestartPolicy()
         self._on_give_up = on_give_up
         self._listeners: list[Listener] = []
@@ -470,9 +484,23 @@ class EngineSupervisor:
 
     def _log_line(self, raw: bytes) -> None:
         line = raw.decode("utf-8", "replace").rstrip("\r")
-        if line.strip():
-            self._lines.append(line)
-            log.info("engine: %s", line)
+        if not line.strip() or self._left_out(line):
+            return
+        if not self._quote_requests and line.startswith(_REPORT_START):
+            self._hidden = 0
+            line = _REPORT_LEFT_OUT
+        self._lines.append(line)
+        log.info("engine: %s", line)
+
+    def _left_out(self, line: str) -> bool:
+        """Whether ``line`` belongs to a failed-request report that is being left out."""
+        if self._hidden is None:
+            return False
+        if _REPORT_END.match(line) or self._hidden >= _REPORT_MAX_LINES:
+            self._hidden = None
+            return False
+        self._hidden += 1
+        return True
 
     async def _wait_ready(self, process: asyncio.subprocess.Process) -> None:
         deadline = time.monotonic() + self.policy.start_timeout

@@ -24,6 +24,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from proxy.logs import accept_request_id
 from proxy.metrics import Metrics
+from proxy.privacy import hide_bodies, show_bodies
 from proxy.routes import METRICS_PATH, PROBE_PATHS
 from proxy.trace import TRACE, Trace, bind, unbind
 from proxy.usage import Usage
@@ -63,6 +64,7 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
         trace = Trace(accept_request_id(request.headers.get("X-Request-ID")), keep_bodies=log_bodies)
         request[TRACE] = trace
         token = bind(trace)
+        shown = show_bodies(log_bodies)
         metrics.in_flight.inc()
         status = 500
         try:
@@ -77,6 +79,7 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
             raise
         finally:
             unbind(token)
+            hide_bodies(shown)
             metrics.in_flight.dec()
             duration = time.monotonic() - trace.started
             route = route_label(request)

@@ -27,14 +27,20 @@ _TEXT_PARTS = frozenset({"text", "refusal"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
+def _listed(value: Any) -> list[Any]:
+    """``value`` when it is a list, else nothing: a field of the wrong type is the engine's to refuse."""
+    return value if isinstance(value, list) else []
+
+
 def _parts(message: Any) -> list[Any]:
     if isinstance(message, dict) and isinstance(message.get("content"), list):
         return list(message["content"])
     return []
 
 
-def _part_type(part: Any) -> Any:
-    return part.get("type") if isinstance(part, dict) else None
+def _part_type(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def refuse_multiple_choices(body: Body, profile: EngineProfile) -> Body:
@@ -53,7 +59,7 @@ def refuse_unseen_media(body: Body, profile: EngineProfile) -> Body:
     """Images for a model that cannot see them, and audio or files it cannot read, are a 400."""
     if profile.refuses_unseen_media:
         return body
-    for i, message in enumerate(body.get("messages") or ()):
+    for i, message in enumerate(_listed(body.get("messages"))):
         for j, part in enumerate(_parts(message)):
             kind = _part_type(part)
             where = f"messages[{i}].content[{j}]"
@@ -72,13 +78,13 @@ def refuse_custom_tools(body: Body, profile: EngineProfile) -> Body:
     """Custom (free-form) tools have no function schema; an engine without them cannot call them."""
     if profile.custom_tools:
         return body
-    for i, tool in enumerate(body.get("tools") or ()):
+    for i, tool in enumerate(_listed(body.get("tools"))):
         if isinstance(tool, dict) and tool.get("type") == "custom":
             raise ClientInputError(f"this engine ({profile.kind}) supports only function tools", param=f"tools[{i}]")
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "custom":
         raise ClientInputError(f"this engine ({profile.kind}) supports only function tools", param="tool_choice")
-    for i, message in enumerate(body.get("messages") or ()):
+    for i, message in enumerate(_listed(body.get("messages"))):
         calls = message.get("tool_calls") if isinstance(message, dict) else None
         for j, call in enumerate(calls if isinstance(calls, list) else ()):
             if isinstance(call, dict) and call.get("type") == "custom":
@@ -102,6 +108,8 @@ def _joined_text(parts: list[Any], where: str) -> str:
 
 def _adapt_message(message: Message, index: int, profile: EngineProfile) -> Message:
     role = message.get("role")
+    if not isinstance(role, str):
+        raise ClientInputError(f"messages[{index}].role must be a string", param=f"messages[{index}].role")
     content = message.get("content")
     changed: Message = message
     if role == "developer" and not profile.developer_role:
@@ -215,7 +223,7 @@ def narrow_allowed_tools(body: Body, profile: EngineProfile) -> Body:
     wanted = {t["function"].get("name") for t in listed if isinstance(t, dict) and isinstance(t.get("function"), dict)}
     tools = [
         t
-        for t in body.get("tools") or ()
+        for t in _listed(body.get("tools"))
         if isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") in wanted
     ]
     return {**body, "tool_choice": mode, "tools": tools}

@@ -41,6 +41,7 @@ from proxy._types import Body, Message, Messages
 from proxy.chat import decode_body
 from proxy.errors import ClientInputError, PromptTooLongError, ToolpairError, UpstreamError, UpstreamStatusError
 from proxy.order import OrderReport, order_anthropic_results
+from proxy.privacy import private
 from proxy.sse import encode_event
 from proxy.stop_sequences import StopMatcher
 
@@ -788,6 +789,8 @@ class MessageEvents:
 
     def _tool_call(self, call: Body, position: int, events: list[Event]) -> None:
         index = call.get("index", position)
+        if isinstance(index, (list, dict)):
+            raise UpstreamError("the engine sent a tool call whose index is not a number")
         function: Body = call["function"] if isinstance(call.get("function"), dict) else {}
         if index not in self._tools:
             name = function.get("name")
@@ -864,10 +867,10 @@ def _tool_input(buffer: str) -> Any:
     try:
         value = orjson.loads(buffer)
     except orjson.JSONDecodeError:
-        log.warning("a tool call's arguments are not JSON; sending an empty input: %.200s", buffer)
+        log.warning("a tool call's arguments are not JSON; sending an empty input: %s", private(buffer[:200]))
         return {}
     if not isinstance(value, dict):
-        log.warning("a tool call's arguments are not a JSON object; sending an empty input: %.200s", buffer)
+        log.warning("a tool call's arguments are not a JSON object; sending an empty input: %s", private(buffer[:200]))
         return {}
     return value
 

@@ -56,6 +56,7 @@ from proxy.errors import (
     UpstreamTimeoutError,
     error_event,
 )
+from proxy.privacy import log_message
 from proxy.server import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
 from proxy.token_count import ChatTemplate, TemplateError, estimate_tokens
 from proxy.trace import trace_of
@@ -279,8 +280,8 @@ async def _generate(
             await emit(events.feed(chunk))
             if events.done:
                 return
-    except UpstreamStatusError:
-        raise  # the engine said what is wrong
+    except (UpstreamStatusError, UpstreamTimeoutError):
+        raise  # the engine said what is wrong, or is not answering: asking it again would only wait again
     except UpstreamError:
         if received:
             raise
@@ -400,7 +401,7 @@ async def _stream(request: web.Request, plan: TranslationPlan) -> web.StreamResp
     except ToolpairError as exc:
         await pinger.stop()
         error = _anthropic_error(exc)
-        log.warning("%s %s: %s", request.method, request.path, error.message)
+        log.warning("%s %s: %s", request.method, request.path, log_message(error))
         if not out.prepared:
             return error_response(error, Dialect.ANTHROPIC)
         try:

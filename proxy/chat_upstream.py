@@ -138,11 +138,14 @@ async def chat_stream(
                     break
                 data = decode_chunk(event.data, upstream.base_url)
                 if "error" in data and "choices" not in data:
-                    raise UpstreamError(f"upstream error: {_engine_message(event.data.encode())}")
+                    message = f"upstream error: {_engine_message(event.data.encode())}"
+                    raise UpstreamError(message, quotes_engine=True)
                 for chunk in extractor.feed(data) if extractor is not None else (data,):
                     yield chunk
             if done:
                 break
+        if not done and decoder.pending:
+            raise UpstreamError(f"upstream {upstream.base_url} ended its stream inside an event")
     finally:
         response.close()
     if extractor is None:

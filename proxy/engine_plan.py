@@ -68,7 +68,8 @@ class ReplyPlan:
 
 def _function_tools(body: Body) -> dict[str, Any]:
     tools: dict[str, Any] = {}
-    for tool in body.get("tools") or ():
+    listed = body.get("tools")
+    for tool in listed if isinstance(listed, list) else ():
         function = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             tools[function["name"]] = function.get("parameters") or {}

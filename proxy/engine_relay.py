@@ -76,8 +76,14 @@ class StreamRewriter:
         return frames
 
     def finish(self) -> list[bytes]:
-        """End of input without ``[DONE]``: flush what the extractor holds."""
+        """End of input without ``[DONE]``: flush what the extractor holds.
+
+        Input that ends inside an event is a broken stream: an :class:`UpstreamError`.
+        """
+        cut = self._decoder.pending and not self.done
         self._decoder.finish()
+        if cut:
+            raise UpstreamError(f"upstream {self._source} ended its stream inside an event")
         return [] if self.done else [_frame(c) for c in self.extractor.finish()]
 
 

@@ -85,10 +85,14 @@ class ToolpairError(Exception):
     retry_after: int | None = None
     """Seconds, sent as ``Retry-After`` when set."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    quotes_engine = False
+    """The message holds the engine's own words, which may quote the prompt: logged only via proxy.privacy."""
+
+    def __init__(self, message: str, *, param: str | None = None, quotes_engine: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.quotes_engine = quotes_engine
 
 
 class ClientInputError(ToolpairError):
@@ -174,7 +178,7 @@ class UpstreamStatusError(UpstreamError):
     code = "upstream_status"
 
     def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message)
+        super().__init__(message, quotes_engine=True)
         self.status = status
         if status < 500:
             self.openai_type = "invalid_request_error"

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
+from aiohttp.http_exceptions import BadHttpMessage
 
 from proxy.config import ConfigError
 from proxy.trace import current_trace
@@ -32,6 +33,7 @@ __all__ = [
     "TextFormatter",
     "accept_request_id",
     "log_handler",
+    "one_line",
     "setup_logging",
 ]
 
@@ -66,6 +68,24 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
+class _ClientProtocolErrors(logging.Filter):
+    """A request that is not valid HTTP: one line at info level, not an error with a traceback.
+
+    aiohttp's server logs each one as ``Error handling request`` with the parser's
+    traceback, so any client could fill the log with error-level tracebacks of its
+    own making. The parser's message says everything that matters.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if record.name != "aiohttp.server" or not isinstance(error, BadHttpMessage):
+            return True
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg, record.args = "refused a request that is not valid HTTP: %s", (" ".join(str(error).split()),)
+        record.exc_info, record.exc_text = None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+
 def _timestamp(record: logging.LogRecord) -> str:
     return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -95,16 +115,30 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+# C0 controls (tab aside) and DEL: a line break in a logged value (a request path, a client's
+# tool name) would let the client start a forged log line of its own.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped, so it cannot split or forge a log line.
+
+    >>> print(one_line("GET /a\\r\\n2026-01-01 INFO fake line"))
+    GET /a\\r\\n2026-01-01 INFO fake line
+    """
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
 class TextFormatter(logging.Formatter):
-    """``time LEVEL logger: message [request id] key=value ...``"""
+    """``time LEVEL logger: message [request id] key=value ...``, always one line (tracebacks aside)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        parts = [f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage()}"]
+        parts = [f"{_timestamp(record)} {record.levelname} {record.name}: {one_line(record.getMessage())}"]
         request_id = getattr(record, "request_id", None)
         if request_id is not None:
             parts.append(f"[{request_id}]")
         skip = getattr(record, "summarized", ())
-        parts += [f"{k}={_text(v)}" for k, v in _fields(record).items() if v is not None and k not in skip]
+        parts += [f"{k}={one_line(_text(v))}" for k, v in _fields(record).items() if v is not None and k not in skip]
         text = " ".join(parts)
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
@@ -130,6 +164,7 @@ def log_handler(fmt: str, stream: TextIO | None = None) -> logging.Handler:
     handler = _Handler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(_RequestIdFilter())
+    handler.addFilter(_ClientProtocolErrors())
     return handler
 
 

@@ -258,6 +258,12 @@ _CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
 _OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
+def _item_type(item: object) -> str | None:
+    """An item's ``type`` when it is a string (a list or object there must not break the set lookups)."""
+    kind = _get(item, "type")
+    return kind if isinstance(kind, str) else None
+
+
 def order_responses_items(items: Messages) -> tuple[Messages, OrderReport]:
     """Restore call order of ``*_output`` items after each group of calls in ``input``.
 
@@ -272,14 +278,14 @@ def order_responses_items(items: Messages) -> tuple[Messages, OrderReport]:
     index = 0
     count = len(items)
     while index < count:
-        if _get(items[index], "type") not in _CALL_TYPES:
+        if _item_type(items[index]) not in _CALL_TYPES:
             index += 1
             continue
         calls_start = index
-        while index < count and _get(items[index], "type") in _CALL_TYPES:
+        while index < count and _item_type(items[index]) in _CALL_TYPES:
             index += 1
         run_start = index
-        while index < count and _get(items[index], "type") in _OUTPUT_TYPES:
+        while index < count and _item_type(items[index]) in _OUTPUT_TYPES:
             index += 1
         if run_start == index:
             continue

@@ -180,7 +180,7 @@ def _tools_to_chat(tools: Sequence[Any], where: str) -> tuple[list[Body], dict[s
     """
     chat: list[Body] = []
     refs: dict[str, ToolRef] = {}
-    dropped: list[str] = []
+    dropped: dict[str, None] = {}  # ordered, and a set: a request may name many thousands
 
     def add(tool: Any, at: str, namespace: str | None) -> None:
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
@@ -194,8 +194,7 @@ def _tools_to_chat(tools: Sequence[Any], where: str) -> tuple[list[Body], dict[s
                 add(nested, f"{at}.tools[{index}]", _str(tool, "name", at))
             return
         if kind not in ("function", "custom"):
-            if kind not in dropped:
-                dropped.append(kind)
+            dropped[kind] = None
             return
         name = _str(tool, "name", at)
         chat_name = flat_name(name, namespace)
@@ -206,7 +205,7 @@ def _tools_to_chat(tools: Sequence[Any], where: str) -> tuple[list[Body], dict[s
 
     for index, tool in enumerate(tools):
         add(tool, f"{where}[{index}]", None)
-    return chat, refs, dropped
+    return chat, refs, list(dropped)
 
 
 def _tool_choice(choice: Any, refs: Mapping[str, ToolRef]) -> tuple[Any, set[str] | None]:
@@ -283,8 +282,8 @@ def _reasoning_text(item: Body) -> str | None:
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key)
         if isinstance(parts, list):
-            texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == part_type]
-            texts = [text for text in texts if isinstance(text, str) and text]
+            found = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == part_type]
+            texts = [text for text in found if isinstance(text, str) and text]
             if texts:
                 return "\n".join(texts)
     return None
@@ -630,19 +629,32 @@ class _Item:
     announced: bool = False  # output_item.added sent (a call waits for its name)
 
 
+def _tokens(usage: Body, key: str, detail: str | None = None) -> int:
+    """A token count from the engine's usage; anything but a number there counts as 0."""
+    value = usage.get(key)
+    if detail is not None:
+        value = value.get(detail) if isinstance(value, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _usage(chat_usage: Any) -> Body | None:
+    """Responses usage from a chat ``usage`` object.
+
+    >>> _usage({"prompt_tokens": 3, "completion_tokens": "2", "prompt_tokens_details": []})["total_tokens"]
+    3
+    """
     if not isinstance(chat_usage, dict):
         return None
-    prompt = chat_usage.get("prompt_tokens") or 0
-    completion = chat_usage.get("completion_tokens") or 0
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt = _tokens(chat_usage, "prompt_tokens")
+    completion = _tokens(chat_usage, "completion_tokens")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": _tokens(chat_usage, "prompt_tokens_details", "cached_tokens")},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": chat_usage.get("total_tokens") or prompt + completion,
+        "output_tokens_details": {
+            "reasoning_tokens": _tokens(chat_usage, "completion_tokens_details", "reasoning_tokens")
+        },
+        "total_tokens": _tokens(chat_usage, "total_tokens") or prompt + completion,
     }
 
 

@@ -9,8 +9,10 @@ bounded in-memory store behind ``previous_response_id``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -22,6 +24,7 @@ from proxy.chat import decode_body
 from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
 from proxy.errors import Dialect, ToolpairError, UpstreamError
+from proxy.privacy import log_message
 from proxy.responses import (
     ResponsesPlan,
     ResponsesStream,
@@ -91,16 +94,36 @@ async def native_response(request: web.Request) -> web.StreamResponse:
         return error_response(exc, Dialect.RESPONSES)
 
 
+# Tool types are client text that ends up in a response header and a log line:
+# only short plain names are shown as they are, and only so many.
+_TOOL_TYPE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_DROPPED_HEADER_MAX = 1024
+_DROPPED_SEEN_MAX = 256
+
+
+def _shown(kinds: Sequence[str]) -> list[str]:
+    """Dropped tool types as the header and the log may show them, each once.
+
+    >>> _shown(["web_search", "x\\r\\nSet-Cookie: a=1", "web_search", "y" * 65])
+    ['web_search', '(invalid)']
+    """
+    return list(dict.fromkeys(kind if _TOOL_TYPE.fullmatch(kind) else "(invalid)" for kind in kinds))
+
+
 def _dropped(request: web.Request, plan: ResponsesPlan) -> dict[str, str]:
     """Hosted tools the engine was not offered: logged once per tool type, named in a header each time."""
     if not plan.dropped_tools:
         return {}
+    names = _shown(plan.dropped_tools)
     seen = request.app[_DROPPED_SEEN]
-    fresh = [kind for kind in plan.dropped_tools if kind not in seen]
+    fresh = [kind for kind in names if kind not in seen][: max(0, _DROPPED_SEEN_MAX - len(seen))]
     if fresh:
         seen.update(fresh)
         log.info("responses: hosted tools not offered to the engine (it cannot run them): %s", ", ".join(fresh))
-    return {_DROPPED_HEADER: ",".join(plan.dropped_tools)}
+    value = ",".join(names)
+    if len(value) > _DROPPED_HEADER_MAX:
+        value = value[: value.rfind(",", 0, _DROPPED_HEADER_MAX)] + ",..."
+    return {_DROPPED_HEADER: value}
 
 
 def _keep(request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int) -> None:
@@ -173,7 +196,7 @@ async def _stream(
                     await out.write(encode(transducer.feed(chunk)))
                 await out.write(encode(transducer.finish()))
             except UpstreamError as exc:
-                log.warning("%s %s: %s", request.method, request.path, exc.message)
+                log.warning("%s %s: %s", request.method, request.path, log_message(exc))
                 await out.write(encode(transducer.fail(exc)))
     except ToolpairError as exc:  # refused before the stream began (e.g. the engine is not ready)
         if out.prepared:

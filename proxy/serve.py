@@ -220,7 +220,7 @@ def build_serve_app(
         stop_timeout=settings.engine_stop_timeout,
         max_restarts=settings.engine_max_restarts,
     )
-    engine = EngineSupervisor(spec, policy, on_give_up=on_give_up)
+    engine = EngineSupervisor(spec, policy, on_give_up=on_give_up, quote_requests=settings.log_bodies)
 
     async def engine_ready() -> None:
         try:

@@ -135,6 +135,8 @@ async def relay(
                 frames = splitter.feed(chunk)
                 if frames:
                     await out.write(b"".join(frames))
+        if splitter is not None and splitter.pending.strip():
+            raise UpstreamError(f"upstream {upstream.base_url} ended its stream inside an event")
         complete = True
     except UpstreamError as exc:
         log.warning("%s %s: %s", request.method, request.path, exc.message)

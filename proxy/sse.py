@@ -98,6 +98,11 @@ class LineDecoder:
         self._buffer = buffer[start:]
         return lines
 
+    @property
+    def pending(self) -> bool:
+        """True when the input so far ends inside a line."""
+        return bool(self._buffer)
+
     def finish(self) -> list[str]:
         if not self._buffer:
             return []
@@ -134,6 +139,15 @@ class EventDecoder:
 
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         return self._take(self._lines.feed(chunk))
+
+    @property
+    def pending(self) -> bool:
+        """True when the input so far ends inside an event: one that has begun but has not been dispatched.
+
+        >>> d = EventDecoder(); d.feed(b"data: {}\\n\\ndata: {"), d.pending
+        ([ServerSentEvent(data='{}', event='message', id=None, retry=None)], True)
+        """
+        return bool(self._data or self._event or self._lines.pending)
 
     def finish(self) -> list[ServerSentEvent]:
         # A final event without its blank line is incomplete and is discarded (spec).

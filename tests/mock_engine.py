@@ -82,12 +82,14 @@ async def stream_words(request: web.Request, words: list[str], delay: float = 0.
 class MockEngine:
     """Records requests; answers from a script of handlers, then from defaults."""
 
-    def __init__(self, stream_words: int = 3, stream_delay: float = 0.0) -> None:
+    def __init__(self, stream_words: int = 3, stream_delay: float = 0.0, tokenizer: bool = False) -> None:
         self.received: list[Received] = []
         self.cancelled: list[Received] = []
         self.script: deque[Handler] = deque()
         self.stream_word_count = stream_words
         self.stream_delay = stream_delay
+        self.tokenizer = tokenizer
+        """Answer llama-cpp-python's ``/extras/tokenize/count`` (one token per word, plus a BOS)."""
         self.app = web.Application(client_max_size=1 << 30)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner: web.AppRunner | None = None
@@ -134,6 +136,8 @@ class MockEngine:
                 words = [f"w{i} " for i in range(self.stream_word_count)]
                 return await stream_words(request, words, self.stream_delay)
             return web.json_response(completion(), dumps=lambda v: orjson.dumps(v).decode())
+        if self.tokenizer and request.path == "/extras/tokenize/count":
+            return web.json_response({"count": len(str(received.json().get("input", "")).split()) + 1})
         if request.path.endswith("/models"):
             return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
         return web.json_response(
@@ -154,8 +158,8 @@ class MockEngine:
             await self._runner.cleanup()
 
 
-async def _serve(port: int, words: int, delay: float) -> None:
-    engine = MockEngine(stream_words=words, stream_delay=delay)
+async def _serve(port: int, words: int, delay: float, tokenizer: bool) -> None:
+    engine = MockEngine(stream_words=words, stream_delay=delay, tokenizer=tokenizer)
     print(await engine.start(port=port), flush=True)
     await asyncio.Event().wait()
 
@@ -165,5 +169,6 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--words", type=int, default=3, help="chunks per streamed reply")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between streamed chunks")
+    parser.add_argument("--tokenizer", action="store_true", help="answer /extras/tokenize/count")
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.words, args.delay))
+    asyncio.run(_serve(args.port, args.words, args.delay, args.tokenizer))

@@ -13,7 +13,7 @@ call was found; ``length`` stays, so a cut-off reply still says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from proxy._types import Body
@@ -100,7 +100,12 @@ class ChunkExtractor:
             return [chunk]
         out: list[Body] = []
         for choice in choices:
-            if not isinstance(choice, dict) or not isinstance(choice.get("delta"), dict):
+            # A choice of the wrong shape (or with a list or object as its index) goes on untouched.
+            if (
+                not isinstance(choice, dict)
+                or not isinstance(choice.get("delta"), dict)
+                or not isinstance(choice.get("index", 0), Hashable)
+            ):
                 out.append({**self._head, "choices": [choice]})
                 continue
             index = choice.get("index", 0)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.privacy import private
 from proxy.toolcalls._events import Content, Event, IdSource, ParsedCall, Reasoning, Step, ToolCall, random_call_id
 from proxy.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.toolcalls._mistral import TOOL_CALLS, MistralParser
@@ -240,7 +241,7 @@ class TextExtractor:
             if self._parser.counts_malformed:
                 self.malformed += 1
                 text = self._marker + self._buffer
-                log.warning("malformed %s tool call kept as text: %.200r", self._options.calls, text)
+                log.warning("malformed %s tool call kept as text: %s", self._options.calls, private(repr(text[:200])))
             if step.consumed == 0 and self._block_calls == 0:
                 literal = self._marker + self._buffer[: step.literal]
                 if literal:
