@@ -16,7 +16,29 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["FrameSplitter", "LineDecoder", "ServerSentEvent", "EventDecoder", "encode_event"]
+from proxy.errors import UpstreamError
+
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+"""The largest SSE frame, line or event accepted from an upstream. An engine
+that streams one endless event would otherwise be buffered without limit."""
+
+
+class EventTooLargeError(UpstreamError):
+    """Raised when an upstream's SSE frame, line or event grows past :data:`MAX_EVENT_BYTES`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"upstream sent a server-sent event larger than {limit} bytes")
+
+
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "EventDecoder",
+    "EventTooLargeError",
+    "FrameSplitter",
+    "LineDecoder",
+    "ServerSentEvent",
+    "encode_event",
+]
 
 # Two line endings in a row end a frame. A lone CR only counts when we know
 # what follows it, so a trailing CR is never examined (see FrameSplitter.feed).
@@ -52,6 +74,8 @@ class FrameSplitter:
             frames.append(buffer[start : match.end()])
             start = position = match.end()
         self._buffer = buffer[start:]
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise EventTooLargeError(MAX_EVENT_BYTES)
         self._scanned = limit - start
         return frames
 
@@ -96,6 +120,8 @@ class LineDecoder:
         if start and buffer[start - 1 : start] == b"\r" and start == len(buffer):
             self._skip_lf = True
         self._buffer = buffer[start:]
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise EventTooLargeError(MAX_EVENT_BYTES)
         return lines
 
     @property
@@ -128,10 +154,11 @@ class EventDecoder:
     ([], [ServerSentEvent(data='{}', event='ping', id=None, retry=None)])
     """
 
-    __slots__ = ("_data", "_event", "_id", "_lines", "_retry")
+    __slots__ = ("_data", "_event", "_id", "_lines", "_retry", "_size")
 
     def __init__(self) -> None:
         self._lines = LineDecoder()
+        self._size = 0
         self._data: list[str] = []
         self._event = ""
         self._id: str | None = None
@@ -152,7 +179,7 @@ class EventDecoder:
     def finish(self) -> list[ServerSentEvent]:
         # A final event without its blank line is incomplete and is discarded (spec).
         self._take(self._lines.finish())
-        self._data, self._event = [], ""
+        self._data, self._event, self._size = [], "", 0
         return []
 
     def _take(self, lines: list[str]) -> list[ServerSentEvent]:
@@ -163,7 +190,7 @@ class EventDecoder:
                     events.append(
                         ServerSentEvent("\n".join(self._data), self._event or "message", self._id, self._retry)
                     )
-                self._data, self._event = [], ""
+                self._data, self._event, self._size = [], "", 0
                 continue
             if line.startswith(":"):
                 continue
@@ -171,6 +198,9 @@ class EventDecoder:
             if value.startswith(" "):
                 value = value[1:]
             if name == "data":
+                self._size += len(value) + 1
+                if self._size > MAX_EVENT_BYTES:
+                    raise EventTooLargeError(MAX_EVENT_BYTES)
                 self._data.append(value)
             elif name == "event":
                 self._event = value

@@ -347,3 +347,24 @@ async def test_ready_is_503_when_the_upstream_is_down() -> None:
         assert response.status == 503 and body["status"] == "not ready" and "unreachable" in body["upstream"]["error"]
     finally:
         await runner.cleanup()
+
+
+async def test_an_endless_event_from_the_engine_ends_with_an_error_not_unbounded_memory(stack: Stack) -> None:
+    async def endless(request: web.Request, received: Received) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk({"content": "first"}) + b'data: {"content": "')
+        block = b"z" * (1 << 20)
+        for _ in range(64):  # 64 MiB in one event that never ends
+            await response.write(block)
+        await response.write_eof()
+        return response
+
+    stack.engine.then(endless)
+    status, raw, _ = await post(stack.url, body(USER, stream=True))
+    assert status == 200
+    frames = raw.split(b"\n\n")
+    assert b"first" in frames[0]
+    error = orjson.loads(frames[1][len(b"data: ") :])["error"]
+    assert "larger than" in error["message"] and error["source"] == "toolpair"
+    assert frames[2:] == [b""]

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import EventDecoder, FrameSplitter, LineDecoder, ServerSentEvent, encode_event
+from proxy.sse import (
+    MAX_EVENT_BYTES,
+    EventDecoder,
+    EventTooLargeError,
+    FrameSplitter,
+    LineDecoder,
+    ServerSentEvent,
+    encode_event,
+)
 
 STREAM = (
     b": comment\r\n"
@@ -73,3 +82,20 @@ def test_encode_event_round_trips() -> None:
     raw = encode_event("a\nb", "x") + encode_event(b"{}")
     assert raw == b"event: x\ndata: a\ndata: b\n\ndata: {}\n\n"
     assert feed_split(EventDecoder, raw, []) == [ServerSentEvent("a\nb", "x"), ServerSentEvent("{}")]
+
+
+def test_an_endless_event_is_refused_not_buffered_forever() -> None:
+    big = b"x" * (MAX_EVENT_BYTES // 4)
+    for transducer in (FrameSplitter(), LineDecoder(), EventDecoder()):
+        with pytest.raises(EventTooLargeError):
+            transducer.feed(b"data: ")
+            for _ in range(5):
+                transducer.feed(big)
+    # Many data lines of one event count together.
+    decoder = EventDecoder()
+    line = b"data: " + b"y" * (1 << 20) + b"\n"
+    with pytest.raises(EventTooLargeError):
+        for _ in range(17):
+            decoder.feed(line)
+    # Large events that end are fine.
+    assert len(EventDecoder().feed(b"data: " + big + b"\n\n")[0].data) == len(big)
