@@ -40,6 +40,7 @@ class Settings:
     upstream_read_timeout: float | None = 600.0
     # limits
     max_body_bytes: int = 64 * 1024 * 1024
+    body_read_timeout: float | None = 120.0
     # logging
     log_level: str = "info"
     # OpenAI Responses (/v1/responses)

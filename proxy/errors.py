@@ -5,6 +5,7 @@ Exception tree (each knows its HTTP status and error type)::
     ToolpairError                 root; never escapes a handler
     ├── ClientInputError          400  the request body is not usable
     │   ├── BodyTooLargeError     413  the body is over max_body_bytes
+    │   ├── BodyTimeoutError      408  the body did not arrive within body_read_timeout
     │   ├── NotFoundError         404  the request names something toolpair does not hold
     │   └── PromptTooLongError    400  the engine's context cannot hold the prompt
     ├── UpstreamError             502  the upstream failed or answered garbage
@@ -29,6 +30,7 @@ import orjson
 
 __all__ = [
     "AuthenticationError",
+    "BodyTimeoutError",
     "BodyTooLargeError",
     "ClientInputError",
     "Dialect",
@@ -110,6 +112,13 @@ class BodyTooLargeError(ClientInputError):
     status = 413
     anthropic_type = "request_too_large"
     code = "body_too_large"
+
+
+class BodyTimeoutError(ClientInputError):
+    """Raised when the request body does not fully arrive within ``body_read_timeout``."""
+
+    status = 408
+    code = "body_timeout"
 
 
 class NotFoundError(ClientInputError):

@@ -7,6 +7,7 @@ values and become responses in one place, :func:`error_response`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -18,7 +19,15 @@ from proxy.auth import keys_required
 from proxy.config import Settings
 from proxy.engine_plan import EngineSetup, engine_setup, plan_engine_request
 from proxy.engine_relay import relay_rewritten
-from proxy.errors import BodyTooLargeError, Dialect, ToolpairError, UpstreamError, error_body, error_event
+from proxy.errors import (
+    BodyTimeoutError,
+    BodyTooLargeError,
+    Dialect,
+    ToolpairError,
+    UpstreamError,
+    error_body,
+    error_event,
+)
 from proxy.health import register_health_routes
 from proxy.operations import register_operations
 from proxy.sse import FrameSplitter
@@ -80,7 +89,20 @@ def error_response(error: ToolpairError, dialect: Dialect) -> web.Response:
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """Read the whole request body, refusing more than ``limit`` bytes up front where possible."""
+    """Read the whole request body, refusing more than ``limit`` bytes up front where possible.
+
+    A body that has not fully arrived after ``body_read_timeout`` seconds is a 408: a client that
+    announces a body and stops sending must not hold a handler forever.
+    """
+    timeout = request.app[SETTINGS].body_read_timeout if SETTINGS in request.app else None
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise BodyTimeoutError(f"the request body did not arrive within {timeout:g} s") from None
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None:
         if request.content_length > limit:
             raise BodyTooLargeError(f"request body of {request.content_length} bytes is over the {limit}-byte limit")

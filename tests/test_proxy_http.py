@@ -368,3 +368,21 @@ async def test_an_endless_event_from_the_engine_ends_with_an_error_not_unbounded
     error = orjson.loads(frames[1][len(b"data: ") :])["error"]
     assert "larger than" in error["message"] and error["source"] == "toolpair"
     assert frames[2:] == [b""]
+
+
+async def test_a_body_that_stops_arriving_gets_a_408_and_never_reaches_the_engine(engine: MockEngine) -> None:
+    runner, url = await start_app(create_app(Settings(upstream=engine.url, body_read_timeout=0.5)))
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"messages": ['
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert head.startswith(b"HTTP/1.1 408")
+    assert engine.received == []
