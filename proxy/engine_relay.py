@@ -84,7 +84,14 @@ class StreamRewriter:
         self._decoder.finish()
         if cut:
             raise UpstreamError(f"upstream {self._source} ended its stream inside an event")
-        return [] if self.done else [_frame(c) for c in self.extractor.finish()]
+        if not self.done:
+            # A Chat Completions stream ends with [DONE]. llama-cpp-python, for one, answers a
+            # prompt longer than its context with an empty 200 stream and closes it.
+            raise UpstreamError(
+                f"upstream {self._source} ended its stream without [DONE] "
+                "(llama-cpp-python does this when the prompt is longer than its context)"
+            )
+        return []
 
 
 async def relay_rewritten(

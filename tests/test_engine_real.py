@@ -187,3 +187,21 @@ async def test_agent_loop_against_the_real_engine(clients: tuple[AsyncOpenAI, As
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens == answer.usage.prompt_tokens  # the engine's own count
     assert 0 < chunks[-1].usage.completion_tokens <= 8
+
+
+async def test_a_streamed_prompt_longer_than_the_context_is_an_error_not_an_empty_answer(
+    clients: tuple[AsyncOpenAI, AsyncOpenAI],
+) -> None:
+    """Straight from the engine the stream is empty; through toolpair it ends with an error."""
+    through, direct = clients
+    request: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello " * 5000}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    direct_chunks = [chunk async for chunk in await direct.chat.completions.create(**request)]
+    assert direct_chunks == []  # the engine's own answer: 200 and nothing, no error
+    with pytest.raises(openai.APIError, match="without \\[DONE\\]"):
+        async for _ in await through.chat.completions.create(**request):
+            pass
