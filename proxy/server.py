@@ -95,6 +95,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     announces a body and stops sending must not hold a handler forever.
     """
     timeout = request.app[SETTINGS].body_read_timeout if SETTINGS in request.app else None
+    if timeout is None or request.content.is_eof():
+        return await _read_body(request, limit)  # nothing left to wait for: no timer needed
     try:
         async with asyncio.timeout(timeout):
             return await _read_body(request, limit)
