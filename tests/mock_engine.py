@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -85,6 +86,7 @@ class MockEngine:
     def __init__(self, stream_words: int = 3, stream_delay: float = 0.0, tokenizer: bool = False) -> None:
         self.received: list[Received] = []
         self.cancelled: list[Received] = []
+        self._cancel_seen = asyncio.Event()
         self.script: deque[Handler] = deque()
         self.stream_word_count = stream_words
         self.stream_delay = stream_delay
@@ -105,6 +107,11 @@ class MockEngine:
             return web.json_response(payload, status=status, dumps=lambda v: orjson.dumps(v).decode())
 
         return self.then(handler)
+
+    async def wait_cancelled(self) -> None:
+        """Return once a request has been cancelled, or after 4 s (the caller asserts what it expects)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._cancel_seen.wait(), 4.0)
 
     @property
     def last(self) -> Received:
@@ -127,6 +134,7 @@ class MockEngine:
             return await self._default(request, received)
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled.append(received)
+            self._cancel_seen.set()
             raise
 
     async def _default(self, request: web.Request, received: Received) -> web.StreamResponse:

@@ -302,10 +302,7 @@ async def test_stop_sequence_in_a_stream_is_reported_and_stops_the_engine(engine
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "w3"
     assert final.usage.output_tokens == 4
     assert "stop" not in engine.last.json()
-    for _ in range(100):
-        if engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await engine.wait_cancelled()
     assert len(engine.cancelled) == 1  # the engine's generation was cut off, not run to the end
 
 
@@ -319,10 +316,7 @@ async def test_stop_sequence_without_streaming_streams_from_the_engine_to_stop_i
     assert message.content[0].text == "w0 w"  # type: ignore[union-attr]
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "1 w"
     assert engine.last.json()["stream"] is True
-    for _ in range(100):
-        if engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await engine.wait_cancelled()
     assert len(engine.cancelled) == 1
 
 
@@ -439,8 +433,5 @@ async def test_client_disconnect_mid_stream_stops_the_engine(engine: MockEngine,
     await response.content.readuntil(b"text_delta")
     response.close()
     await session.close()
-    for _ in range(200):
-        if engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await engine.wait_cancelled()
     assert len(engine.cancelled) == 1

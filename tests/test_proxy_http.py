@@ -209,10 +209,7 @@ async def test_client_disconnect_closes_the_upstream_request(stack: Stack) -> No
     await asyncio.wait_for(started.wait(), 3)
     task.cancel()
     await session.close()
-    for _ in range(100):
-        if stack.engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 
 
@@ -224,10 +221,7 @@ async def test_client_disconnect_mid_stream_stops_the_engine(stack: Stack) -> No
     await response.content.readuntil(b"\n\n")
     response.close()
     await session.close()
-    for _ in range(200):
-        if stack.engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -454,10 +453,7 @@ async def test_client_leaving_mid_stream_stops_the_engine(stack: Stack) -> None:
     await response.content.readuntil(b"output_text.delta")
     response.close()
     await session.close()
-    for _ in range(200):
-        if stack.engine.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 
 
