@@ -14,10 +14,10 @@ from aiohttp import web
 from engine_launcher.backends import BACKEND_CHOICES
 from proxy import __version__
 from proxy.config import ConfigError, Settings, load_settings
-from proxy.engine_plan import TOOL_CALL_FORMATS
-from proxy.engines import EngineKind
-from proxy.logs import LOG_FORMATS, setup_logging
-from proxy.status import public_url
+from proxy.engine.kinds import EngineKind
+from proxy.engine.plan import TOOL_CALL_FORMATS
+from proxy.ops.logs import LOG_FORMATS, setup_logging
+from proxy.ops.status import public_url
 
 __all__ = ["build_parser", "main"]
 
@@ -174,7 +174,7 @@ def _setup_logging(settings: Settings) -> None:
 
 def _run_proxy(args: argparse.Namespace) -> int:
 
-    from proxy.server import create_app
+    from proxy.http.app import create_app
 
     settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
     if not settings.upstream:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from proxy.normalize import Edit, NormalizeTally, WholeLines, apply_edits, block_edits, normalize_block
-from proxy.progress import Progress
+from proxy.ops.progress import Progress
 
 __all__ = ["NormalizeFailed", "NormalizeJob", "run_normalize"]
 

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.server import create_app
+from proxy.http.app import create_app
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine, start_real_engine
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.adapt import (
+from proxy.engine.adapt import (
     RULES,
     adapt_chat_request,
     adapt_messages,
@@ -20,7 +20,7 @@ from proxy.adapt import (
     refuse_unseen_media,
     rename_max_completion_tokens,
 )
-from proxy.engines import ENGINES, EngineKind, engine_profile
+from proxy.engine.kinds import ENGINES, EngineKind, engine_profile
 from proxy.errors import ClientInputError
 
 LCP = engine_profile("llama-cpp-python")

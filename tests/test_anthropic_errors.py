@@ -16,7 +16,7 @@ from aiohttp import web
 from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
-from proxy.server import create_app
+from proxy.http.app import create_app
 from proxy.sse import EventDecoder
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk

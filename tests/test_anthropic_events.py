@@ -10,7 +10,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.anthropic import (
+from proxy.dialects.anthropic.translate import (
     Event,
     MessageAccumulator,
     MessageEvents,

@@ -13,7 +13,7 @@ from aiohttp import web
 from anthropic import AsyncAnthropic
 
 from proxy.config import Settings
-from proxy.server import create_app
+from proxy.http.app import create_app
 from proxy.sse import EventDecoder
 from tests.claude_code_fixture import TOOL_NAMES, claude_code_request
 from tests.conftest import start_app

@@ -12,13 +12,13 @@ import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
 
-from proxy.anthropic import plan_translation
-from proxy.anthropic_routes import MessagesMode, messages_mode
-from proxy.chat_upstream import prepare_chat_body
 from proxy.cli import _settings, build_parser
 from proxy.config import Settings
-from proxy.server import create_app
-from proxy.token_count import ChatTemplate, estimate_tokens
+from proxy.dialects.anthropic.routes import MessagesMode, messages_mode
+from proxy.dialects.anthropic.translate import plan_translation
+from proxy.engine.client import prepare_chat_body
+from proxy.engine.token_count import ChatTemplate, estimate_tokens
+from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received
 from tests.real_engine import TEMPLATE

@@ -22,8 +22,8 @@ from aiohttp import web
 from anthropic import AsyncAnthropic
 
 from proxy.config import Settings
-from proxy.server import create_app
-from proxy.upstream import Upstream
+from proxy.engine.upstream import Upstream
+from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.anthropic import (
+from proxy.dialects.anthropic.translate import (
     assistant_message,
     chat_tools,
     normalize_billing_stamp,

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
-from proxy.logs import log_handler, setup_logging
-from proxy.server import create_app
+from proxy.http.app import create_app
+from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received
 

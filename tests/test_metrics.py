@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import proxy
 from proxy.config import Settings
-from proxy.engine_status import ENGINE_PROBE, EngineSnapshot
 from proxy.errors import EngineUnavailableError
-from proxy.server import create_app
-from proxy.trace import note_toolcalls, trace_of
+from proxy.http.app import create_app
+from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
+from proxy.ops.trace import note_toolcalls, trace_of
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received, chunk
 

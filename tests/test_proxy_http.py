@@ -14,7 +14,7 @@ from aiohttp import web
 
 from engine_launcher.launch import free_port
 from proxy.config import Settings
-from proxy.server import create_app
+from proxy.http.app import create_app
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received, chunk
 

@@ -14,10 +14,10 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.config import Settings
+from proxy.engine.queueing import EngineQueue
+from proxy.engine.upstream import Upstream
 from proxy.errors import EngineUnavailableError, QueueFullError
-from proxy.queueing import EngineQueue
-from proxy.server import create_app
-from proxy.upstream import Upstream
+from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, completion
 

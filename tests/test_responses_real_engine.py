@@ -16,7 +16,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.config import Settings
-from proxy.server import create_app
+from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.real_engine import RealEngine
 

@@ -18,8 +18,7 @@ from openai._types import omit
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 
-from proxy.errors import ClientInputError, UpstreamError
-from proxy.responses import (
+from proxy.dialects.responses.translate import (
     ResponsesPlan,
     ResponsesStream,
     StreamStateError,
@@ -28,6 +27,7 @@ from proxy.responses import (
     plan_native_request,
     translate_request,
 )
+from proxy.errors import ClientInputError, UpstreamError
 from proxy.sse import EventDecoder
 
 FIXTURES = Path(__file__).parent / "fixtures"

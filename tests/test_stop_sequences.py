@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.stop_sequences import StopMatch, StopMatcher
+from proxy.engine.stop_sequences import StopMatch, StopMatcher
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[str, str | None]:

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.anthropic import plan_translation
-from proxy.token_count import ChatTemplate, TemplateError, estimate_tokens
+from proxy.dialects.anthropic.translate import plan_translation
+from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from tests.real_engine import TEMPLATE
 
 chat_format = pytest.importorskip("llama_cpp.llama_chat_format")

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.engine_plan import ReplyPlan
-from proxy.engine_relay import StreamRewriter
-from proxy.toolcalls import (
+from proxy.engine.plan import ReplyPlan
+from proxy.engine.relay import StreamRewriter
+from proxy.engine.toolcalls import (
     ChunkExtractor,
     Content,
     Event,
@@ -307,7 +307,7 @@ def test_unknown_format_is_refused() -> None:
 @settings(max_examples=500, deadline=None)
 @given(st.text(alphabet="<>[]|_/tolcaTOLCSinkhpy ", max_size=20))
 def test_held_suffix_is_the_longest_end_that_could_grow_into_a_marker(text: str) -> None:
-    from proxy.toolcalls._scan import held_suffix
+    from proxy.engine.toolcalls._scan import held_suffix
 
     markers = ["<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "</think>"]
     expected = max(

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.usage import Usage, UsageScanner, find_usage
+from proxy.ops.usage import Usage, UsageScanner, find_usage
 from tests.mock_engine import chunk, completion
 
 
