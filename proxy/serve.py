@@ -40,6 +40,7 @@ from engine_launcher.models import ModelError, bundled_model, choose_template
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from proxy import __version__
 from proxy.config import ConfigError, Settings
+from proxy.engine.plan import engine_setup
 from proxy.engine.queueing import EngineQueue
 from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
 from proxy.engine.upstream import Upstream
@@ -234,14 +235,15 @@ def build_serve_app(
         max_queue=settings.max_queue,
         ready_timeout=settings.engine_ready_wait,
     )
+    # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
+    settings = managed_settings(settings, plan)
     upstream = Upstream(
         launch.url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.upstream_read_timeout,
         api_key=launch.api_key,
+        reuses_connections=engine_setup(settings).profile.reuses_connections,
     )
-    # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
-    settings = managed_settings(settings, plan)
     app = create_app(settings, upstream, admission=queue)
     app[SUPERVISOR] = engine
     app[QUEUE] = queue

@@ -10,14 +10,9 @@ from anthropic.lib.streaming._messages import accumulate_event
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.dialects.anthropic.translate import (
-    Event,
-    MessageAccumulator,
-    MessageEvents,
-    MessageFrames,
-    accumulate,
-    message_from_completion,
-)
+from proxy.dialects.anthropic.accumulate import MessageAccumulator, accumulate, message_from_completion
+from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
+from proxy.dialects.anthropic.request import Event
 from proxy.errors import UpstreamError
 from proxy.sse import EventDecoder
 
@@ -132,12 +127,12 @@ def test_the_anthropic_sdks_own_accumulator_accepts_the_events() -> None:
 
 def test_frames_are_named_sse_events_that_decode_back() -> None:
     frames = MessageFrames(MessageEvents(model="m", message_id="msg_1"))
-    raw = b"".join(frames.feed(delta("stop", content="a\nb")) + frames.finish())
+    raw = frames.feed(delta("stop", content="a\nb")) + frames.finish()
     assert raw.startswith(b"event: message_start\ndata: {")
     decoded = EventDecoder().feed(raw)
     assert [e.event for e in decoded] == [orjson.loads(e.data)["type"] for e in decoded]
     assert orjson.loads(decoded[3].data)["delta"]["text"] == "a\nb"
-    assert frames.done and frames.finish() == [] and frames.ping() == []
+    assert frames.done and frames.finish() == b"" and frames.ping() == b""
 
 
 @given(

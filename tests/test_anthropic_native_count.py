@@ -14,8 +14,8 @@ from anthropic import AsyncAnthropic
 
 from proxy.cli import _settings, build_parser
 from proxy.config import Settings
+from proxy.dialects.anthropic.request import plan_translation
 from proxy.dialects.anthropic.routes import MessagesMode, messages_mode
-from proxy.dialects.anthropic.translate import plan_translation
 from proxy.engine.client import prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, estimate_tokens
 from proxy.http.app import create_app

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects.anthropic.translate import (
+from proxy.dialects.anthropic.request import (
     assistant_message,
     chat_tools,
     normalize_billing_stamp,

@@ -348,8 +348,8 @@ async def test_upstream_credential_policy_outside_any_request(
     await upstream.start()
     try:
         sent = {"Authorization": "Bearer client", "X-Api-Key": "client-x", "X-Other": "kept"}
-        response = await upstream.open("GET", "/v1/models", sent, None)
-        response.close()
+        async with upstream.open("GET", "/v1/models", sent, None):
+            pass
     finally:
         await upstream.close()
     assert credential_headers(engine.last.headers) == expected

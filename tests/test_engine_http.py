@@ -19,7 +19,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from proxy.config import Settings
-from proxy.engine.client import chat_completion, chat_stream
+from proxy.engine.client import EngineCall
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
 from proxy.http.app import create_app
@@ -395,15 +395,15 @@ async def test_generic_engine_text_is_relayed_untouched(stack: Any) -> None:
 
 
 @pytest.fixture
-async def bound_upstream(engine: MockEngine) -> AsyncIterator[Upstream]:
-    upstream = Upstream(engine.url, read_timeout=5.0)
-    upstream.engine = engine_setup(Settings(engine_kind="llama-cpp-python"))
+async def bound_upstream(engine: MockEngine) -> AsyncIterator[EngineCall]:
+    setup = engine_setup(Settings(engine_kind="llama-cpp-python"))
+    upstream = Upstream(engine.url, read_timeout=5.0, reuses_connections=setup.profile.reuses_connections)
     await upstream.start()
-    yield upstream
+    yield EngineCall(upstream, setup)
     await upstream.close()
 
 
-async def test_chat_upstream_seam_adapts_and_extracts(bound_upstream: Upstream, engine: MockEngine) -> None:
+async def test_chat_upstream_seam_adapts_and_extracts(bound_upstream: EngineCall, engine: MockEngine) -> None:
     """What the Anthropic and Responses front ends get: the same treatment, without asking."""
     engine.then(answers(TWO_CALLS))
     body = {
@@ -414,7 +414,7 @@ async def test_chat_upstream_seam_adapts_and_extracts(bound_upstream: Upstream, 
         ],
         "tools": [WEATHER_TOOL],
     }
-    reply = await chat_completion(bound_upstream, body, headers={"Authorization": "Bearer k"})
+    reply = await bound_upstream.completion(body, headers={"Authorization": "Bearer k"})
     sent = engine.last.json()
     assert sent["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "",
                                                                              "tool_calls": []}]  # fmt: skip
@@ -424,11 +424,11 @@ async def test_chat_upstream_seam_adapts_and_extracts(bound_upstream: Upstream, 
     assert reply["choices"][0]["finish_reason"] == "tool_calls"
 
 
-async def test_chat_upstream_stream_extracts_and_counts_usage(bound_upstream: Upstream, engine: MockEngine) -> None:
+async def test_chat_upstream_stream_extracts_and_counts_usage(bound_upstream: EngineCall, engine: MockEngine) -> None:
     usage_engine(engine, "Sure.\n" + TWO_CALLS, prompt_tokens=30)
     body = {"model": "m", "messages": [{"role": "user", "content": "?"}], "tools": [WEATHER_TOOL],
             "stream_options": {"include_usage": True}}  # fmt: skip
-    chunks = [c async for c in chat_stream(bound_upstream, body)]
+    chunks = [c async for c in bound_upstream.stream(body) if c is not None]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("content") or "" for d in deltas) == "Sure."
     assert [d["tool_calls"][0]["index"] for d in deltas if d.get("tool_calls")] == [0, 0, 1, 1]
@@ -437,11 +437,13 @@ async def test_chat_upstream_stream_extracts_and_counts_usage(bound_upstream: Up
     assert chunks[-1]["usage"]["completion_tokens"] == len(("Sure.\n" + TWO_CALLS).split())
 
 
-async def test_chat_upstream_refuses_what_the_engine_cannot_serve(bound_upstream: Upstream, engine: MockEngine) -> None:
+async def test_chat_upstream_refuses_what_the_engine_cannot_serve(
+    bound_upstream: EngineCall, engine: MockEngine
+) -> None:
     from proxy.errors import ClientInputError
 
     with pytest.raises(ClientInputError, match="'n' = 3"):
-        await chat_completion(bound_upstream, {"messages": [], "n": 3})
+        await bound_upstream.completion({"messages": [], "n": 3})
     assert engine.received == []
 
 

@@ -18,15 +18,8 @@ from openai._types import omit
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 
-from proxy.dialects.responses.translate import (
-    ResponsesPlan,
-    ResponsesStream,
-    StreamStateError,
-    chat_to_response,
-    encode,
-    plan_native_request,
-    translate_request,
-)
+from proxy.dialects.responses.request import ResponsesPlan, plan_native_request, translate_request
+from proxy.dialects.responses.stream import ResponsesStream, StreamStateError, chat_to_response, encode
 from proxy.errors import ClientInputError, UpstreamError
 from proxy.sse import EventDecoder
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.dialects.anthropic.translate import plan_translation
+from proxy.dialects.anthropic.request import plan_translation
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from tests.real_engine import TEMPLATE
 

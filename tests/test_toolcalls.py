@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.dialects.chat.stream import ChatStream
+from proxy.engine.client import ChunkDecoder
 from proxy.engine.plan import ReplyPlan
-from proxy.engine.relay import StreamRewriter
 from proxy.engine.toolcalls import (
     ChunkExtractor,
     Content,
@@ -259,10 +260,12 @@ def sse(chunks: list[dict[str, Any]]) -> bytes:
 
 
 def rewrite(pieces: list[bytes], plan: ReplyPlan) -> list[dict[str, Any]]:
-    rewriter = StreamRewriter(plan, "http://engine", counting_ids())
-    frames = [f for piece in pieces for f in rewriter.feed(piece)] + rewriter.finish()
-    raw = b"".join(frames)
-    assert raw.endswith(b"\n\n") and rewriter.done
+    decoder = ChunkDecoder(plan, "http://engine", counting_ids())
+    encoder = ChatStream()
+    raw = b"".join(encoder.feed(chunk) for piece in pieces for chunk in decoder.feed(piece))
+    decoder.finish()
+    raw += encoder.finish()
+    assert raw.endswith(b"\n\n") and decoder.done
     return [orjson.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
 
 

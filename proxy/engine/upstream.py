@@ -18,16 +18,13 @@ Every request and response also passes the current request's
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING
+from contextlib import asynccontextmanager
 
 import aiohttp
 from multidict import CIMultiDict
 
 from proxy.errors import UpstreamError, UpstreamTimeoutError
 from proxy.ops.trace import Trace, current_trace
-
-if TYPE_CHECKING:
-    from proxy.engine.plan import EngineSetup
 
 __all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
 
@@ -78,21 +75,21 @@ class Upstream:
         read_timeout: float | None = None,
         api_key: str | None = None,
         forward_credentials: bool = True,
+        reuses_connections: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._forward_credentials = forward_credentials
-        self.engine: EngineSetup | None = None
-        """What kind of engine this is (set by the app): chat calls adapt to it."""
+        self._reuses_connections = reuses_connections
+        """False for an engine whose kept-alive connections break after a failed request (see EngineProfile)."""
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         """Open the pooled session; call from inside the running event loop."""
-        keepalive = self.engine is None or self.engine.profile.reuses_connections
         connector = (
             aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
-            if keepalive
+            if self._reuses_connections
             else aiohttp.TCPConnector(limit=0, force_close=True, enable_cleanup_closed=True)
         )
         self._session = aiohttp.ClientSession(
@@ -112,13 +109,30 @@ class Upstream:
         detail = str(exc) or type(exc).__name__
         return f"upstream {self.base_url}: {detail}"
 
+    @asynccontextmanager
     async def open(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
-    ) -> aiohttp.ClientResponse:
-        """Send a request and return the response once its head has arrived.
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send a request; the block gets the response once its head has arrived.
 
-        The caller owns the response and must ``close()`` or ``release()`` it.
+        The response is owned by the block: on exit it is released to the pool when its body was
+        read to the end, and closed (the connection dropped) otherwise.
         """
+        response = await self._send(method, path_qs, headers, body)
+        try:
+            yield response
+        except BaseException:
+            response.close()
+            raise
+        if response.content.at_eof():
+            response.release()
+        else:
+            response.close()
+
+    async def _send(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+    ) -> aiohttp.ClientResponse:
+        """Send a request and return the response once its head has arrived."""
         if self._session is None:
             raise UpstreamError(f"upstream {self.base_url} is not started")
         trace = current_trace()

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import UpstreamError
+from proxy.http.keys import UPSTREAM
 from proxy.http.paths import HEALTH_PATH, READY_PATH
 
 __all__ = ["HEALTH_PATH", "READINESS", "READY_PATH", "Readiness", "register_health_routes"]
@@ -32,19 +33,16 @@ _PROBE_TIMEOUT = 5.0
 
 
 def _upstream_probe(app: web.Application) -> Readiness:
-    from proxy.http.app import UPSTREAM  # proxy.http.app imports this module
-
     async def upstream_ready() -> tuple[bool, dict[str, Any]]:
         upstream = app[UPSTREAM]
         try:
-            async with asyncio.timeout(_PROBE_TIMEOUT):
-                response = await upstream.open("GET", HEALTH_PATH, {}, None)
+            async with asyncio.timeout(_PROBE_TIMEOUT), upstream.open("GET", HEALTH_PATH, {}, None) as response:
+                status = response.status
         except UpstreamError as exc:
             return False, {"upstream": {"error": exc.message}}
         except TimeoutError:
             return False, {"upstream": {"error": f"no answer within {_PROBE_TIMEOUT:g}s"}}
-        response.close()
-        return response.status < 500, {"upstream": {"status": response.status}}
+        return status < 500, {"upstream": {"status": status}}
 
     return upstream_ready
 

@@ -30,7 +30,7 @@ from aiohttp.typedefs import Handler, Middleware
 from multidict import MultiMapping
 
 from proxy.config import ConfigError, Settings
-from proxy.errors import AuthenticationError, dialect_for_path
+from proxy.errors import AuthenticationError
 from proxy.http.paths import METRICS_PATH, PROBE_PATHS
 
 __all__ = [
@@ -130,7 +130,6 @@ def open_paths(settings: Settings) -> frozenset[str]:
 
 def auth_middleware(keys: KeyRing, unguarded: frozenset[str]) -> Middleware:
     """A middleware that refuses requests without one of ``keys``, except on ``unguarded`` paths."""
-    from proxy.http.app import error_response  # proxy.http.app imports this module
 
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -144,9 +143,7 @@ def auth_middleware(keys: KeyRing, unguarded: frozenset[str]) -> Middleware:
             if presented
             else "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
         )
-        response = error_response(AuthenticationError(message), dialect_for_path(request.path))
-        response.headers["WWW-Authenticate"] = 'Bearer realm="toolpair"'
-        return response
+        raise AuthenticationError(message)  # answered by the error middleware, in the path's dialect
 
     return check_key
 

@@ -19,6 +19,7 @@ import logging
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from proxy.config import Settings
 from proxy.http.paths import METRICS_PATH, STATUS_PATH
@@ -33,8 +34,14 @@ __all__ = ["register_operations"]
 log = logging.getLogger("toolpair")
 
 
-def register_operations(app: web.Application, settings: Settings, upstream_url: str) -> None:
-    """Install keys, metrics, access logs and the status route on ``app``."""
+def register_operations(
+    app: web.Application, settings: Settings, upstream_url: str, error_middleware: Middleware
+) -> None:
+    """Install keys, metrics, access logs and the status route on ``app``.
+
+    ``error_middleware`` goes inside the access log (which records the status it answers) and
+    outside the key check (whose refusals it answers).
+    """
     keys = load_keys(settings) if keys_required(settings) else None
 
     def engine_snapshot() -> EngineSnapshot | None:
@@ -45,6 +52,7 @@ def register_operations(app: web.Application, settings: Settings, upstream_url: 
     app[METRICS] = metrics
     app[STARTED_AT] = time.monotonic()
     app.middlewares.append(access_middleware(metrics, settings.log_bodies))
+    app.middlewares.append(error_middleware)
     if keys is not None:
         app.middlewares.append(auth_middleware(keys, open_paths(settings)))
     app.on_response_prepare.append(stamp_request_id)

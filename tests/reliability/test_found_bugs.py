@@ -18,7 +18,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from engine_launcher.process import ChildSpec, EngineSupervisor
-from proxy.dialects.responses.translate import ResponsesStream, translate_request
+from proxy.dialects.responses.request import translate_request
+from proxy.dialects.responses.stream import ResponsesStream
 from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.kinds import engine_profile
 from proxy.ops.logs import log_handler

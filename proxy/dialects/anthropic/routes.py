@@ -1,6 +1,6 @@
 """The ``/v1/messages`` and ``/v1/messages/count_tokens`` handlers.
 
-Thin: read the body, ask :mod:`proxy.dialects.anthropic.translate` for a plan, call the engine,
+Thin: read the body, ask :mod:`proxy.dialects.anthropic.request` for a plan, call the engine,
 relay. Two modes (``messages_mode``):
 
 - ``native`` forwards the Anthropic body (ordered) to an engine that speaks
@@ -11,7 +11,7 @@ relay. Two modes (``messages_mode``):
 In translate mode the client's headers never reach the engine, so neither do
 its Anthropic credentials (``x-api-key``, ``Authorization``) or
 ``anthropic-*`` headers. Every engine call is made inside the app's
-``ADMISSION``, so the managed engine's queue applies.
+admission (:class:`~proxy.engine.client.EngineClient`), so the managed engine's queue applies.
 
 Streams: the client's response is only started when there is something to
 send, so an error before the first chunk is still a normal HTTP error. While
@@ -22,44 +22,29 @@ failure ends the stream with ``event: error``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
 from enum import StrEnum
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
-from proxy.dialects.anthropic.translate import (
-    Event,
-    MessageAccumulator,
-    MessageEvents,
-    TranslationPlan,
-    context_overflow,
-    frames,
-    message_from_completion,
-    native_error,
-    plan_native,
-    plan_translation,
-)
-from proxy.engine.client import chat_completion, chat_stream, prepare_chat_body
+from proxy.dialects.anthropic.accumulate import MessageAccumulator, message_from_completion
+from proxy.dialects.anthropic.errors import native_error
+from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
+from proxy.dialects.anthropic.request import TranslationPlan, plan_native, plan_translation
+from proxy.engine.client import EngineCall, prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
-from proxy.engine.upstream import Upstream, forwardable_headers
-from proxy.errors import (
-    Dialect,
-    ToolpairError,
-    UpstreamError,
-    UpstreamStatusError,
-    UpstreamTimeoutError,
-    error_event,
-)
-from proxy.http.app import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
-from proxy.ops.privacy import log_message
+from proxy.engine.upstream import forwardable_headers
+from proxy.errors import Dialect, ToolpairError, UpstreamError
+from proxy.http.body import read_body
+from proxy.http.keys import ENGINE_CLIENT, SETTINGS
+from proxy.http.relay import relay
+from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
 __all__ = [
@@ -122,38 +107,36 @@ class EngineTokenizer:
         self.available: bool | None = None  # None: not asked yet
         self._added: int | None = None
 
-    async def count(self, upstream: Upstream, text: str) -> int | None:
+    async def count(self, call: EngineCall, text: str) -> int | None:
         """Tokens in ``text`` as the engine reads a prompt, or None when the engine cannot say."""
         if self.available is False:
             return None
         if self._added is None:
-            added = await self._count(upstream, "")
+            added = await self._count(call, "")
             if added is None:
                 return None
             self._added = added
-        total = await self._count(upstream, text)
+        total = await self._count(call, text)
         return None if total is None else max(0, total - self._added)
 
-    async def _count(self, upstream: Upstream, text: str) -> int | None:
+    async def _count(self, call: EngineCall, text: str) -> int | None:
         try:
-            response = await upstream.open("POST", TOKENIZE_COUNT_PATH, _JSON_HEADERS, orjson.dumps({"input": text}))
-            try:
-                raw = await response.read()
-            finally:
-                response.close()
-        except (ToolpairError, aiohttp.ClientError) as exc:
-            log.info("the engine could not tokenize: %s", getattr(exc, "message", exc))
+            async with call.open("POST", TOKENIZE_COUNT_PATH, _JSON_HEADERS, orjson.dumps({"input": text})) as response:
+                status = response.status
+                raw = await call.read(response)
+        except ToolpairError as exc:
+            log.info("the engine could not tokenize: %s", exc.message)
             return None
-        if response.status in (404, 405):
+        if status in (404, 405):
             self.available = False
             log.info("the engine has no %s: count_tokens answers estimates", TOKENIZE_COUNT_PATH)
             return None
         try:
-            count = orjson.loads(raw).get("count") if response.status == 200 else None
+            count = orjson.loads(raw).get("count") if status == 200 else None
         except (orjson.JSONDecodeError, AttributeError):
             count = None
         if not isinstance(count, int):
-            log.info("the engine's tokenizer answered %d without a count", response.status)
+            log.info("the engine's tokenizer answered %d without a count", status)
             return None
         self.available = True
         return count
@@ -191,58 +174,60 @@ def register_anthropic_routes(app: web.Application) -> None:
     app.router.add_post(COUNT_TOKENS_PATH, count_tokens)
 
 
-def _anthropic_error(exc: ToolpairError) -> ToolpairError:
-    """An engine's context overflow becomes Anthropic's ``prompt is too long`` error."""
-    if isinstance(exc, UpstreamStatusError) and exc.status < 500:
-        return context_overflow(exc.message) or exc
-    return exc
-
-
 # --- /v1/messages -------------------------------------------------------------------
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    try:
-        raw = await read_body(request, settings.max_body_bytes)
-        if request.app[ANTHROPIC].mode is MessagesMode.NATIVE:
-            return await _native(request, raw)
-        plan = plan_translation(
-            raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp
+    raw = await read_body(request, settings.max_body_bytes)
+    if request.app[ANTHROPIC].mode is MessagesMode.NATIVE:
+        return await _native(request, raw)
+    plan = plan_translation(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
+    trace_of(request).order("anthropic", plan.report)
+    if plan.stream:
+        events = MessageEvents(model=plan.model, stop_sequences=plan.stop_sequences)
+        return await stream_reply(
+            request,
+            _chunks(request, plan, events),
+            MessageFrames(events),
+            ping_interval=settings.messages_ping_interval,
         )
-        trace_of(request).order("anthropic", plan.report)
-        if plan.stream:
-            return await _stream(request, plan)
-        async with request.app[ADMISSION](request):
-            message = await _complete(request, plan)
-        return web.Response(body=orjson.dumps(message), content_type="application/json")
-    except ToolpairError as exc:
-        return error_response(_anthropic_error(exc), Dialect.ANTHROPIC)
+    async with request.app[ENGINE_CLIENT].admitted(request) as call:
+        if not plan.stop_sequences:
+            message = message_from_completion(await call.completion(plan.chat), model=plan.model)
+        else:
+            # With stop sequences the engine is streamed, so it can be stopped at one.
+            events = MessageEvents(
+                model=plan.model,
+                input_tokens=await _input_tokens(request, call, plan.chat),
+                stop_sequences=plan.stop_sequences,
+            )
+            message = await _collect(call, plan, events)
+    return web.Response(body=orjson.dumps(message), content_type="application/json")
 
 
 async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    upstream = request.app[UPSTREAM]
     plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
     trace_of(request).order("anthropic", plan.report)
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
-    async with request.app[ADMISSION](request):
-        response = await upstream.open("POST", request.path_qs, headers, plan.body)
+    async with (
+        request.app[ENGINE_CLIENT].admitted(request) as call,
+        call.open("POST", request.path_qs, headers, plan.body) as response,
+    ):
         if response.status >= 400 and response.content_type != "text/event-stream":
             try:
-                answer = await response.read()
-            except aiohttp.ClientError:
+                answer = await call.read(response)
+            except UpstreamError:
                 answer = b""
-            finally:
-                response.close()
             error = native_error(response.status, answer)
             if error is not None:
-                return error_response(error, Dialect.ANTHROPIC)
+                raise error
             return web.Response(status=response.status, body=answer, content_type="application/json")
-        return await relay(request, upstream, response, Dialect.ANTHROPIC, raw=False)
+        return await relay(request, call, response, Dialect.ANTHROPIC, raw=False)
 
 
-async def _input_tokens(request: web.Request, chat: Body) -> int:
+async def _input_tokens(request: web.Request, call: EngineCall, chat: Body) -> int:
     """Exact prompt tokens when a template and the engine's tokenizer allow it, else 0.
 
     Engines that stream no usage (llama-cpp-python) would otherwise leave a
@@ -258,163 +243,39 @@ async def _input_tokens(request: web.Request, chat: Body) -> int:
     except TemplateError as exc:
         log.info("no input token count: %s", exc)
         return 0
-    return await state.tokenizer.count(request.app[UPSTREAM], prompt) or 0
+    return await state.tokenizer.count(call, prompt) or 0
 
 
-async def _generate(
-    upstream: Upstream, chat: Body, events: MessageEvents, emit: Callable[[list[Event]], Awaitable[None]]
-) -> None:
-    """Stream a generation through ``events``, handing each step's events to ``emit``.
-
-    At a stop sequence the engine's response is closed, which ends the
-    generation. An engine stream that ends before its first chunk is asked
-    again without streaming, to learn its error: llama-cpp-python reports a
-    prompt too long for its context only that way.
-    """
-    # chat_stream is an async generator; closing it closes the engine's response.
-    chunks = chat_stream(upstream, {**chat, "stream_options": {"include_usage": True}})
-    received = False
-    try:
-        async for chunk in chunks:
-            received = True
-            await emit(events.feed(chunk))
-            if events.done:
-                return
-    except (UpstreamStatusError, UpstreamTimeoutError):
-        raise  # the engine said what is wrong, or is not answering: asking it again would only wait again
-    except UpstreamError:
-        if received:
-            raise
-        await _diagnose(upstream, chat)
-        raise
-    finally:
-        await chunks.aclose()
-    if not received:
-        await _diagnose(upstream, chat)
-        raise UpstreamError("the engine ended the stream without answering")
-    await emit(events.finish())
+def _usage_asked(chat: Body) -> Body:
+    return {**chat, "stream_options": {"include_usage": True}}
 
 
-async def _diagnose(upstream: Upstream, chat: Body) -> None:
-    """Raise the engine's own error for a request whose stream broke before it began, if it has one.
-
-    Tried twice: llama-cpp-python closes the connection just after such a
-    stream, while the client pool may already hold it for reuse, so the first
-    try can meet a dead connection.
-    """
-    for _ in range(2):
-        try:
-            await chat_completion(upstream, {**chat, "max_tokens": 1})
-            return
-        except UpstreamStatusError as exc:
-            raise _anthropic_error(exc) from None
-        except UpstreamTimeoutError:
-            return
-        except UpstreamError as exc:
-            log.info("diagnosing an empty stream: %s", exc.message)
+async def _chunks(
+    request: web.Request, plan: TranslationPlan, events: MessageEvents
+) -> AsyncGenerator[Body | None, None]:
+    """The engine's chunks for a streamed message; admission is entered here, so pings cover a queue wait."""
+    async with request.app[ENGINE_CLIENT].admitted(request) as call:
+        events.input_tokens = await _input_tokens(request, call, plan.chat)
+        async with aclosing(call.stream(_usage_asked(plan.chat))) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
-async def _complete(request: web.Request, plan: TranslationPlan) -> Body:
-    """A non-stream message. With stop sequences, the engine is streamed, so it can be stopped at one."""
-    upstream = request.app[UPSTREAM]
-    if not plan.stop_sequences:
-        completion = await chat_completion(upstream, plan.chat)
-        return message_from_completion(completion, model=plan.model)
-    events = MessageEvents(
-        model=plan.model,
-        input_tokens=await _input_tokens(request, plan.chat),
-        stop_sequences=plan.stop_sequences,
-    )
+async def _collect(call: EngineCall, plan: TranslationPlan, events: MessageEvents) -> Body:
+    """A whole message from a streamed generation, stopped at the first stop sequence."""
     accumulator = MessageAccumulator()
-
-    async def collect(batch: list[Event]) -> None:
-        for event in batch:
-            accumulator.feed(event)
-
-    await _generate(upstream, plan.chat, events, collect)
-    assert accumulator.message is not None  # _generate ends the message or raises
+    async with aclosing(call.stream(_usage_asked(plan.chat))) as chunks:
+        async for chunk in chunks:
+            if chunk is None:
+                continue
+            for event in events.feed(chunk):
+                accumulator.feed(event)
+            if events.done:
+                break
+    for event in events.finish():
+        accumulator.feed(event)
+    assert accumulator.message is not None  # finish() ends the message or raises
     return accumulator.message
-
-
-class _Pinger:
-    """Sends a ping every ``interval`` seconds until stopped: the wait for the engine's first chunk."""
-
-    def __init__(self, interval: float, send: Callable[[], Awaitable[None]]) -> None:
-        self._interval = interval
-        self._send = send
-        self._stopped = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._stopped.wait(), self._interval)
-                return
-            except TimeoutError:
-                await self._send()
-
-    async def stop(self) -> None:
-        """Stop pinging; a ping being written is finished first, so frames never interleave."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stopped.set()
-        # If the client left, the handler learns it on its next write.
-        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-            await task
-
-
-async def _stream(request: web.Request, plan: TranslationPlan) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
-    out = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream; charset=utf-8",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    events = MessageEvents(model=plan.model, stop_sequences=plan.stop_sequences)
-
-    async def send(batch: list[bytes]) -> None:
-        if not out.prepared:
-            await out.prepare(request)
-        if batch:
-            await out.write(b"".join(batch))
-
-    async def ping() -> None:
-        await send(frames(events.ping()))
-
-    pinger = _Pinger(settings.messages_ping_interval, ping)
-
-    async def emit(batch: list[Event]) -> None:
-        await pinger.stop()
-        await send(frames(batch))
-
-    pinger.start()
-    try:
-        async with request.app[ADMISSION](request):
-            events.input_tokens = await _input_tokens(request, plan.chat)
-            await _generate(request.app[UPSTREAM], plan.chat, events, emit)
-    except ToolpairError as exc:
-        await pinger.stop()
-        error = _anthropic_error(exc)
-        log.warning("%s %s: %s", request.method, request.path, log_message(error))
-        if not out.prepared:
-            return error_response(error, Dialect.ANTHROPIC)
-        try:
-            await out.write(error_event(error, Dialect.ANTHROPIC))
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            return out
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        log.info("%s %s: client went away", request.method, request.path)
-        return out
-    finally:
-        await pinger.stop()
-    await out.write_eof()
-    return out
 
 
 # --- /v1/messages/count_tokens --------------------------------------------------------
@@ -453,8 +314,8 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         return _count_response(estimate_tokens(len(orjson.dumps(chat))), "estimate")
     count: int | None = None
     try:
-        async with request.app[ADMISSION](request):
-            count = await state.tokenizer.count(request.app[UPSTREAM], prompt)
+        async with request.app[ENGINE_CLIENT].admitted(request) as call:
+            count = await state.tokenizer.count(call, prompt)
     except ToolpairError as exc:
         log.info("count_tokens: the engine is not available: %s", exc.message)
     if count is None:
@@ -464,18 +325,17 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 
 async def _count_native(request: web.Request, raw: bytes) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    upstream = request.app[UPSTREAM]
     try:
         plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
         headers = forwardable_headers(request.headers, _NATIVE_DROP)
-        async with request.app[ADMISSION](request):
-            response = await upstream.open("POST", request.path_qs, headers, plan.body)
-            try:
-                answer = await response.read()
-            finally:
-                response.close()
-        tokens = orjson.loads(answer).get("input_tokens") if response.status == 200 else None
-    except (ToolpairError, aiohttp.ClientError, orjson.JSONDecodeError, AttributeError) as exc:
+        async with (
+            request.app[ENGINE_CLIENT].admitted(request) as call,
+            call.open("POST", request.path_qs, headers, plan.body) as response,
+        ):
+            status = response.status
+            answer = await call.read(response)
+        tokens = orjson.loads(answer).get("input_tokens") if status == 200 else None
+    except (ToolpairError, orjson.JSONDecodeError, AttributeError) as exc:
         log.info("count_tokens: the engine did not count: %s", getattr(exc, "message", exc))
         tokens = None
     if isinstance(tokens, int) and not isinstance(tokens, bool):

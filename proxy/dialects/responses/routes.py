@@ -12,31 +12,30 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy._types import Body
 from proxy.config import ConfigError, Settings
 from proxy.dialects.chat.request import decode_body
-from proxy.dialects.responses.store import ResponseStore
-from proxy.dialects.responses.translate import (
+from proxy.dialects.responses.request import (
     ResponsesPlan,
-    ResponsesStream,
-    chat_to_response,
-    encode,
     plan_native_request,
     previous_response_id,
     translate_request,
 )
-from proxy.engine.client import chat_completion, chat_stream
+from proxy.dialects.responses.store import ResponseStore
+from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.upstream import forwardable_headers
-from proxy.errors import Dialect, ToolpairError, UpstreamError
-from proxy.http.app import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
-from proxy.ops.privacy import log_message
+from proxy.errors import Dialect
+from proxy.http.body import read_body
+from proxy.http.keys import ENGINE_CLIENT, SETTINGS
+from proxy.http.relay import relay
+from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
 __all__ = ["RESPONSES_STORE", "register_responses_routes", "responses_mode"]
@@ -82,16 +81,14 @@ def register_responses_routes(app: web.Application) -> None:
 
 async def native_response(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    upstream = request.app[UPSTREAM]
-    try:
-        plan = plan_native_request(await read_body(request, settings.max_body_bytes))
-        trace_of(request).order("responses", plan.report)
-        headers = forwardable_headers(request.headers, ("accept-encoding",))
-        async with request.app[ADMISSION](request):
-            response = await upstream.open("POST", request.path_qs, headers, plan.body)
-            return await relay(request, upstream, response, Dialect.RESPONSES, raw=False)
-    except ToolpairError as exc:
-        return error_response(exc, Dialect.RESPONSES)
+    plan = plan_native_request(await read_body(request, settings.max_body_bytes))
+    trace_of(request).order("responses", plan.report)
+    headers = forwardable_headers(request.headers, ("accept-encoding",))
+    async with (
+        request.app[ENGINE_CLIENT].admitted(request) as call,
+        call.open("POST", request.path_qs, headers, plan.body) as response,
+    ):
+        return await relay(request, call, response, Dialect.RESPONSES, raw=False)
 
 
 # Tool types are client text that ends up in a response header and a log line:
@@ -126,106 +123,61 @@ def _dropped(request: web.Request, plan: ResponsesPlan) -> dict[str, str]:
     return {_DROPPED_HEADER: value}
 
 
-def _keep(request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int) -> None:
+async def _keep(request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int) -> None:
     if plan.store:
-        request.app[RESPONSES_STORE].put(response["id"], [*plan.items, *response["output"]], response, size=size)
+        await request.app[RESPONSES_STORE].put(response["id"], [*plan.items, *response["output"]], response, size=size)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     store = request.app[RESPONSES_STORE]
-    try:
-        raw = await read_body(request, settings.max_body_bytes)
-        data = decode_body(raw)
-        previous = previous_response_id(data)
-        history = store.get(previous, previous=True).items if previous else None
-        plan = translate_request(data, history)
-    except ToolpairError as exc:
-        return error_response(exc, Dialect.RESPONSES)
+    raw = await read_body(request, settings.max_body_bytes)
+    data = decode_body(raw)
+    previous = previous_response_id(data)
+    history = (await store.get(previous, previous=True)).items if previous else None
+    plan = translate_request(data, history)
     trace_of(request).order("responses", plan.report)
     headers = _dropped(request, plan)
     engine_headers = {k: v for k, v in request.headers.items() if k.lower() in _ENGINE_HEADERS}
     response_id, created_at = "resp_" + uuid.uuid4().hex, int(time.time())
     if plan.stream:
-        return await _stream(request, plan, response_id, created_at, headers, engine_headers, len(raw))
-    try:
-        async with request.app[ADMISSION](request):
-            completion = await chat_completion(request.app[UPSTREAM], plan.chat, engine_headers)
-        response = chat_to_response(completion, plan, response_id, created_at)
-    except ToolpairError as exc:
-        return error_response(exc, Dialect.RESPONSES)
+        frames = ResponsesFrames(ResponsesStream(plan, response_id, created_at))
+
+        async def keep() -> None:  # before response.completed goes out, so the client finds it stored
+            answer = frames.stream.response
+            await _keep(request, plan, answer, len(raw) + len(orjson.dumps(answer)))
+
+        return await stream_reply(
+            request, _chunks(request, plan, engine_headers), frames, headers=headers, before_finish=keep
+        )
+    async with request.app[ENGINE_CLIENT].admitted(request) as call:
+        completion = await call.completion(plan.chat, engine_headers)
+    response = chat_to_response(completion, plan, response_id, created_at)
     body = orjson.dumps(response)
-    _keep(request, plan, response, len(raw) + len(body))
+    await _keep(request, plan, response, len(raw) + len(body))
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
-async def _stream(
-    request: web.Request,
-    plan: ResponsesPlan,
-    response_id: str,
-    created_at: int,
-    headers: dict[str, str],
-    engine_headers: dict[str, str],
-    size: int,
-) -> web.StreamResponse:
-    """Relay the engine's chat stream as Responses events.
-
-    The first chunk is awaited before anything is sent, so an engine that refuses the
-    request still gets the client a plain HTTP error; after that, failures end the
-    stream with ``response.failed``.
-    """
-    transducer = ResponsesStream(plan, response_id, created_at)
-    out = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
-    )
-    try:
-        async with (
-            request.app[ADMISSION](request),
-            aclosing(chat_stream(request.app[UPSTREAM], plan.chat, engine_headers)) as chunks,
-        ):
-            try:
-                first = await anext(chunks, None)
-            except ToolpairError as exc:
-                return error_response(exc, Dialect.RESPONSES)
-            await out.prepare(request)
-            try:
-                await out.write(encode(transducer.start()))
-                if first is not None:
-                    await out.write(encode(transducer.feed(first)))
-                async for chunk in chunks:
-                    await out.write(encode(transducer.feed(chunk)))
-                await out.write(encode(transducer.finish()))
-            except UpstreamError as exc:
-                log.warning("%s %s: %s", request.method, request.path, log_message(exc))
-                await out.write(encode(transducer.fail(exc)))
-    except ToolpairError as exc:  # refused before the stream began (e.g. the engine is not ready)
-        if out.prepared:
-            raise  # pragma: no cover - only UpstreamError can come after prepare, and it is handled above
-        return error_response(exc, Dialect.RESPONSES)
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        log.info("%s %s: client went away", request.method, request.path)
-        return out
-    if transducer.completed:
-        _keep(request, plan, transducer.response, size + len(orjson.dumps(transducer.response)))
-    await out.write_eof()
-    return out
+async def _chunks(
+    request: web.Request, plan: ResponsesPlan, engine_headers: dict[str, str]
+) -> AsyncGenerator[Body | None, None]:
+    async with (
+        request.app[ENGINE_CLIENT].admitted(request) as call,
+        aclosing(call.stream(plan.chat, engine_headers)) as chunks,
+    ):
+        async for chunk in chunks:
+            yield chunk
 
 
 async def get_response(request: web.Request) -> web.StreamResponse:
-    try:
-        entry = request.app[RESPONSES_STORE].get(request.match_info["response_id"])
-    except ToolpairError as exc:
-        return error_response(exc, Dialect.RESPONSES)
+    entry = await request.app[RESPONSES_STORE].get(request.match_info["response_id"])
     return web.Response(body=orjson.dumps(entry.response), content_type="application/json")
 
 
 async def delete_response(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES_STORE]
     response_id = request.match_info["response_id"]
-    try:
-        store.get(response_id)
-    except ToolpairError as exc:
-        return error_response(exc, Dialect.RESPONSES)
-    store.delete(response_id)
+    await store.get(response_id)
+    await store.delete(response_id)
     body = {"id": response_id, "object": "response.deleted", "deleted": True}
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -28,10 +28,13 @@ class StoredResponse:
 class ResponseStore:
     """A bounded map from response id to its conversation.
 
+    Its methods are coroutines, as a shared store's (over the network) must be.
+
+    >>> import asyncio
     >>> store = ResponseStore(max_entries=1, max_bytes=100)
-    >>> store.put("resp_a", [{"role": "user", "content": "hi"}], {"id": "resp_a"}, size=10)
-    >>> store.put("resp_b", [], {"id": "resp_b"}, size=10)
-    >>> "resp_a" in store, store.get("resp_b").response["id"]
+    >>> asyncio.run(store.put("resp_a", [{"role": "user", "content": "hi"}], {"id": "resp_a"}, size=10))
+    >>> asyncio.run(store.put("resp_b", [], {"id": "resp_b"}, size=10))
+    >>> "resp_a" in store, asyncio.run(store.get("resp_b")).response["id"]
     (False, 'resp_b')
     """
 
@@ -47,18 +50,18 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, response_id: str, items: Messages, response: Body, *, size: int) -> None:
+    async def put(self, response_id: str, items: Messages, response: Body, *, size: int) -> None:
         """Keep a response; an entry larger than the whole budget is not kept at all."""
         if self.max_entries < 1 or size > self.max_bytes:
             return
-        self.delete(response_id)
+        self._drop(response_id)
         self._entries[response_id] = StoredResponse(items, response, size)
         self._bytes += size
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             _, oldest = self._entries.popitem(last=False)
             self._bytes -= oldest.size
 
-    def get(self, response_id: str, *, previous: bool = False) -> StoredResponse:
+    async def get(self, response_id: str, *, previous: bool = False) -> StoredResponse:
         """The stored entry, or a 404 saying why it may be missing."""
         entry = self._entries.get(response_id)
         if entry is None:
@@ -71,7 +74,10 @@ class ResponseStore:
             )
         return entry
 
-    def delete(self, response_id: str) -> bool:
+    async def delete(self, response_id: str) -> bool:
+        return self._drop(response_id)
+
+    def _drop(self, response_id: str) -> bool:
         entry = self._entries.pop(response_id, None)
         if entry is None:
             return False
