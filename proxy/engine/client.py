@@ -205,6 +205,8 @@ class ChunkDecoder:
             raise UpstreamError(f"upstream {self._source} sent a malformed event")
         if "error" in chunk and "choices" not in chunk:
             raise UpstreamError(f"upstream error: {engine_message(data.encode())}", quotes_engine=True)
+        if not isinstance(chunk.get("choices"), list):
+            raise UpstreamError(f"upstream {self._source} sent an event that is not a completion chunk")
         return chunk
 
 

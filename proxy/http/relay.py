@@ -134,8 +134,8 @@ class _CompletionFrames:
             data = frame[5:].lstrip(b" ")
             if data.startswith(b"[DONE]"):
                 self._done = True
-            elif not data.startswith(b"{"):
-                raise UpstreamError(f"upstream {self._source} sent a malformed event")
+            elif not data.startswith(b"{") or (b'"choices"' not in data and b'"error"' not in data):
+                raise UpstreamError(f"upstream {self._source} sent an event that is not a completion chunk")
 
     def finish(self) -> None:
         if not self._done:
