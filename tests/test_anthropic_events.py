@@ -16,6 +16,9 @@ from proxy.dialects.anthropic.request import Event
 from proxy.errors import UpstreamError
 from proxy.sse import EventDecoder
 
+NO_CACHE = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+"""Anthropic usage always carries the cache counts; 0 where the engine reports none."""
+
 
 def delta(finish: str | None = None, **fields: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": fields, "finish_reason": finish}]}
@@ -58,7 +61,7 @@ def test_a_text_answer_follows_the_documented_sequence_exactly() -> None:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0},
+                "usage": {"input_tokens": 0, "output_tokens": 0, **NO_CACHE},
             },
         },
         {"type": "ping"},
@@ -69,7 +72,7 @@ def test_a_text_answer_follows_the_documented_sequence_exactly() -> None:
         {
             "type": "message_delta",
             "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-            "usage": {"input_tokens": 0, "output_tokens": 2},
+            "usage": {"input_tokens": 0, "output_tokens": 2, **NO_CACHE},
         },
         {"type": "message_stop"},
     ]
@@ -109,7 +112,7 @@ def test_thinking_text_and_two_tool_calls_are_blocks_in_order() -> None:
         {"type": "tool_use", "id": "call_b", "name": "Grep", "input": {"pattern": "fast"}},
     ]
     assert message["stop_reason"] == "tool_use"
-    assert message["usage"] == {"input_tokens": 0, "output_tokens": 7}  # one per chunk with output
+    assert message["usage"] == {"input_tokens": 0, "output_tokens": 7, **NO_CACHE}  # one per chunk with output
 
 
 def test_the_anthropic_sdks_own_accumulator_accepts_the_events() -> None:
@@ -175,7 +178,7 @@ def test_a_stop_sequence_across_chunks_cuts_the_text_and_ends_the_message() -> N
     message = accumulate(out)
     assert message["content"] == [{"type": "text", "text": "The answer is 4."}]
     assert message["stop_reason"] == "stop_sequence" and message["stop_sequence"] == "\nUser:"
-    assert message["usage"]["output_tokens"] == 3
+    assert message["usage"]["output_tokens"] == 1  # the two chunks that spelled the stop sequence are not output
     assert events.finish() == []
     with pytest.raises(UpstreamError, match="after the message ended"):
         events.feed(delta(content="more"))
@@ -215,8 +218,8 @@ def test_engine_usage_wins_over_the_chunk_count() -> None:
         {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 7}},
     ]
     events = run(chunks, input_tokens=39)
-    assert events[0]["message"]["usage"] == {"input_tokens": 39, "output_tokens": 0}
-    assert events[-2]["usage"] == {"input_tokens": 40, "output_tokens": 7}
+    assert events[0]["message"]["usage"] == {"input_tokens": 39, "output_tokens": 0, **NO_CACHE}
+    assert events[-2]["usage"] == {"input_tokens": 40, "output_tokens": 7, **NO_CACHE}
 
 
 @pytest.mark.parametrize(
@@ -350,7 +353,7 @@ def test_completion_with_reasoning_text_and_tool_calls() -> None:
         ],
         "stop_reason": "tool_use",
         "stop_sequence": None,
-        "usage": {"input_tokens": 50, "output_tokens": 20},
+        "usage": {"input_tokens": 50, "output_tokens": 20, **NO_CACHE},
     }
 
 

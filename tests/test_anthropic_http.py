@@ -40,6 +40,10 @@ async def proxy(engine: MockEngine) -> AsyncIterator[Callable[..., Awaitable[str
         await runner.cleanup()
 
 
+NO_CACHE = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+"""Anthropic usage always carries the cache counts; 0 where the engine reports none."""
+
+
 def client(url: str, **options: Any) -> AsyncAnthropic:
     return AsyncAnthropic(base_url=url, api_key="sk-ant-client-secret", max_retries=0, **options)
 
@@ -279,13 +283,13 @@ async def test_sse_grammar_event_by_event(engine: MockEngine, proxy: Any) -> Non
     ]  # fmt: skip
     start = events[0][1]["message"]
     assert start["role"] == "assistant" and start["content"] == [] and start["model"] == "c"
-    assert start["stop_reason"] is None and start["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert start["stop_reason"] is None and start["usage"] == {"input_tokens": 0, "output_tokens": 0, **NO_CACHE}
     assert [d["index"] for _, d in events if "index" in d] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert events[8][1]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}
     assert events[11][1] == {
         "type": "message_delta",
         "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-        "usage": {"input_tokens": 11, "output_tokens": 3},
+        "usage": {"input_tokens": 11, "output_tokens": 3, **NO_CACHE},
     }
 
 
@@ -300,7 +304,7 @@ async def test_stop_sequence_in_a_stream_is_reported_and_stops_the_engine(engine
         final = await stream.get_final_message()
     assert final.content[0].text == "w0 w1 w2 "  # type: ignore[union-attr]
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "w3"
-    assert final.usage.output_tokens == 4
+    assert final.usage.output_tokens == 3  # the token that completed the stop sequence is not output
     assert "stop" not in engine.last.json()
     await engine.wait_cancelled()
     assert len(engine.cancelled) == 1  # the engine's generation was cut off, not run to the end

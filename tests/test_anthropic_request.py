@@ -27,6 +27,9 @@ from proxy.errors import ClientInputError
 PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
 
 
+HI = [{"role": "user", "content": "hi"}]
+
+
 def translate(**body: Any) -> dict[str, Any]:
     return translate_request({"model": "claude", "max_tokens": 16, **body})
 
@@ -352,7 +355,7 @@ def test_bad_sampling_fields_are_400s(body: dict[str, Any]) -> None:
 
 
 def test_stop_sequences_are_not_sent_to_the_engine_but_kept_in_the_plan() -> None:
-    plan = plan_translation(orjson.dumps({"model": "c", "messages": [], "stop_sequences": ["END", ""]}))
+    plan = plan_translation(orjson.dumps({"model": "c", "messages": HI, "stop_sequences": ["END", ""]}))
     assert plan.stop_sequences == ("END",)
     assert "stop" not in plan.chat and "stop_sequences" not in plan.chat
     with pytest.raises(ClientInputError, match="stop_sequences"):
@@ -390,7 +393,7 @@ def test_ignored_fields_leave_no_trace() -> None:
 
 
 def test_model_is_mapped_by_config_and_the_plan_keeps_the_requested_name() -> None:
-    raw = orjson.dumps({"model": "claude-sonnet-4-5", "messages": []})
+    raw = orjson.dumps({"model": "claude-sonnet-4-5", "messages": HI})
     plan = plan_translation(raw, engine_model="gemma-270m")
     assert plan.chat["model"] == "gemma-270m" and plan.model == "claude-sonnet-4-5"
     assert plan_translation(raw).chat["model"] == "claude-sonnet-4-5"
@@ -449,7 +452,7 @@ def test_billing_stamp_is_normalized_in_string_and_block_systems() -> None:
 
 
 def test_billing_stamp_setting_decides_what_reaches_the_engine() -> None:
-    raw = orjson.dumps({"model": "c", "system": STAMP, "messages": []})
+    raw = orjson.dumps({"model": "c", "system": STAMP, "messages": HI})
     assert "cch=00000" in plan_translation(raw).chat["messages"][0]["content"]
     assert "cch=fa690" in plan_translation(raw, normalize_stamp=False).chat["messages"][0]["content"]
     assert plan_native(raw, normalize_stamp=False).body is raw

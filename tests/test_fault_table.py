@@ -50,7 +50,9 @@ def fault(stream: Callable[[web.Request], Awaitable[web.StreamResponse]], plain:
 
 
 _HALF = b'{"id":"x","object":"chat.completion","choi'
-_CONTEXT = b'{"error": {"message": "Requested tokens (900) exceed context window of 512"}}'
+_CONTEXT = (
+    b'{"error": {"message": "Requested tokens (900) exceed context window of 512", "type": "invalid_request_error"}}'
+)
 _HTML = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
 
 FAULTS: dict[str, Fault] = {

@@ -41,6 +41,7 @@ from multidict import CIMultiDict
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
+from proxy.engine.stop_sequences import EndMarkerGuard, strip_end_marker_prefix
 from proxy.engine.toolcalls import ChunkExtractor, IdSource, extract_completion, random_call_id
 from proxy.engine.upstream import Upstream
 from proxy.errors import UpstreamError, UpstreamStatusError, UpstreamTimeoutError
@@ -57,6 +58,7 @@ __all__ = [
     "admit_all",
     "engine_message",
     "prepare_chat_body",
+    "strip_cut_marker",
     "usage_chunk",
 ]
 
@@ -159,6 +161,7 @@ class ChunkDecoder:
         self.received = False
         """Whether any chunk came from the engine."""
         self._fault: UpstreamError | None = None
+        self._markers = EndMarkerGuard()
 
     def feed(self, raw: bytes) -> list[Body]:
         """The chunks ``raw`` completes; a fault after some of them is held until :meth:`check`."""
@@ -180,8 +183,26 @@ class ChunkDecoder:
                 self._fault = exc
                 break
             self.received = True
+            self._guard_markers(chunk)
             chunks.extend(self.extractor.feed(chunk) if self.extractor is not None else (chunk,))
         return chunks
+
+    def _guard_markers(self, chunk: Body) -> None:
+        """Hold back a possible start of an end-of-turn marker; drop it if the reply ends by length."""
+        choices = chunk["choices"]
+        choice = choices[0] if len(choices) == 1 and isinstance(choices[0], dict) else None
+        if choice is None:
+            return
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return
+        content = delta.get("content")
+        text = self._markers.feed(content) if isinstance(content, str) else ""
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str) and finish:
+            text += self._markers.finish(cut=finish == "length")
+        if isinstance(content, str) or text:
+            delta["content"] = text
 
     def check(self) -> None:
         """Raise the fault held back by :meth:`feed`, if any."""
@@ -259,6 +280,8 @@ class EngineCall:
         """A whole successful answer: its bytes (the engine's own when nothing was rewritten) and the completion."""
         raw = await self.read(response)
         data = decode_completion(raw, self.upstream.base_url)
+        if strip_cut_marker(data):
+            raw = orjson.dumps(data)
         if plan is None:
             return raw, data
         extracted = extract_completion(data, plan.extract, note=note_toolcalls)
@@ -392,6 +415,21 @@ class EngineCall:
         if not isinstance(count, int):
             raise UpstreamError(f"{path} answered no count")
         return count
+
+
+def strip_cut_marker(completion: Body) -> bool:
+    """Drop the start of an end-of-turn marker from a reply cut by length; True if anything changed."""
+    changed = False
+    for choice in completion["choices"]:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if choice.get("finish_reason") == "length" and isinstance(message, dict):
+            content = message.get("content")
+            if isinstance(content, str):
+                stripped = strip_end_marker_prefix(content)
+                if stripped != content:
+                    message["content"] = stripped
+                    changed = True
+    return changed
 
 
 _REPLAY_DROP = ("stream", "stream_options", "max_completion_tokens", "min_tokens", "n")

@@ -36,6 +36,11 @@ class EngineSetup:
     reasoning: bool
     think_in_prompt: bool
 
+    @property
+    def sees_images(self) -> bool:
+        """Whether an image may go to the engine: the model sees, or the engine refuses unseen media itself."""
+        return self.profile.vision or self.profile.refuses_unseen_media
+
 
 def engine_setup(settings: Settings) -> EngineSetup:
     """Resolve and check the engine settings; a bad value is a :class:`~proxy.config.ConfigError`.

@@ -77,3 +77,59 @@ class StopMatcher:
             if any(stop.startswith(tail) for stop in self._stops):
                 return size
         return 0
+
+
+END_MARKERS = ("<|im_end|>", "<|im_start|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>")
+"""Chat templates' end-of-turn markers. An engine stops when the model writes one whole, but a
+reply cut by ``max_tokens`` halfway through writing one ends in its first characters (``<|im``)."""
+
+
+class EndMarkerGuard:
+    """Holds back text at the end of a stream's content that could begin an end-of-turn marker.
+
+    The held text goes out with the next content, or at the end; a reply that ends by length drops
+    it, since it was the start of a marker the model had no tokens left to finish.
+
+    >>> guard = EndMarkerGuard()
+    >>> guard.feed("Hello <|im"), guard.feed("_"), guard.finish(cut=True)
+    ('Hello ', '', '')
+    >>> guard.feed("a <"), guard.feed("b"), guard.finish(cut=False)
+    ('a ', '<b', '')
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        buffer = self._held + text if self._held else text
+        hold = _marker_prefix(buffer)
+        self._held = buffer[len(buffer) - hold :] if hold else ""
+        return buffer[: len(buffer) - hold]
+
+    def finish(self, *, cut: bool) -> str:
+        """The held text, or nothing when the reply was ``cut`` by its token limit."""
+        held, self._held = self._held, ""
+        return "" if cut else held
+
+
+def _marker_prefix(text: str) -> int:
+    """Length of the longest end of ``text`` that is a proper beginning of an end marker."""
+    start = text.rfind("<", max(0, len(text) - 13))
+    while start >= 0:
+        tail = text[start:]
+        if any(marker.startswith(tail) and marker != tail for marker in END_MARKERS):
+            return len(tail)
+        start = text.rfind("<", max(0, len(text) - 13), start)
+    return 0
+
+
+def strip_end_marker_prefix(text: str) -> str:
+    """``text`` without a trailing beginning of an end marker (a whole reply cut by length).
+
+    >>> strip_end_marker_prefix("Sure.<|im"), strip_end_marker_prefix("a < b")
+    ('Sure.', 'a < b')
+    """
+    cut = _marker_prefix(text)
+    return text[: len(text) - cut] if cut else text

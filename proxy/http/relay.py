@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.engine.client import EngineCall, decode_completion, engine_message
+from proxy.engine.client import EngineCall, decode_completion, engine_message, strip_cut_marker
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, UpstreamError, UpstreamStatusError, error_event
 from proxy.http.body import read_body
@@ -57,7 +57,7 @@ async def relay(
     if not is_sse and length is not None and length <= _BUFFER_LIMIT and request.method != "HEAD":
         body = await call.read(response)
         if completions:
-            _check_completion(body, response.status, call.upstream.base_url)
+            body = _check_completion(body, response.status, call.upstream.base_url)
         return web.Response(status=response.status, reason=response.reason, headers=headers, body=body)
     if raw and length is not None:
         headers["Content-Length"] = str(length)
@@ -107,17 +107,21 @@ async def relay(
     return out
 
 
-def _check_completion(body: bytes, status: int, source: str) -> None:
-    """A Chat answer read whole: a success must be a completion, an error body must be JSON."""
+def _check_completion(body: bytes, status: int, source: str) -> bytes:
+    """A Chat answer read whole: a success must be a completion, an error body must be JSON.
+
+    A reply cut by length loses the start of an end-of-turn marker it may end in.
+    """
     if status < 400:
-        decode_completion(body, source)
-        return
+        completion = decode_completion(body, source)
+        return orjson.dumps(completion) if strip_cut_marker(completion) else body
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         data = None
     if not isinstance(data, dict):
         raise UpstreamStatusError(engine_message(body), status=status)
+    return body
 
 
 class _CompletionFrames:

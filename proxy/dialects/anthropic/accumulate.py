@@ -145,7 +145,7 @@ def message_from_completion(completion: Body, *, model: str, message_id: str | N
     >>> message_from_completion({"choices": [{"message": {"content": "Hi"}, "finish_reason": "stop"}],
     ...                          "usage": {"prompt_tokens": 9, "completion_tokens": 1}},
     ...                         model="claude", message_id="msg_1")["usage"]
-    {'input_tokens': 9, 'output_tokens': 1}
+    {'input_tokens': 9, 'output_tokens': 1, 'cache_creation_input_tokens': 0, 'cache_read_input_tokens': 0}
     """
     events = MessageEvents(model=model, message_id=message_id)
     return accumulate([*events.feed(_completion_chunk(completion)), *events.finish()])

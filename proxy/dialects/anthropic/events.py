@@ -105,7 +105,10 @@ class MessageEvents:
         self.finish_reason: str | None = None
         self._prompt_tokens: int | None = None
         self._completion_tokens: int | None = None
+        self._cached_tokens: int | None = None
         self._counted = 0
+        self._held_tokens = 0  # chunks whose text the stop matcher holds back
+        self._token_pending = False  # the chunk being fed produced output not yet counted
         self.done = False
         """True once ``message_stop`` went out: by a stop sequence, or :meth:`finish`."""
 
@@ -127,13 +130,18 @@ class MessageEvents:
                 self._prompt_tokens = usage["prompt_tokens"]
             if isinstance(usage.get("completion_tokens"), int):
                 self._completion_tokens = usage["completion_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self._cached_tokens = details["cached_tokens"]
         choices = chunk.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            if _produces_output(delta):
-                self._counted += 1
+            self._token_pending = _produces_output(delta)
             self._delta(delta, events)
+            if self._token_pending:  # not text held or cut by a stop sequence: it counts now
+                self._counted += 1
+                self._token_pending = False
             if self.done:
                 return events
         finish = choice.get("finish_reason")
@@ -148,7 +156,8 @@ class MessageEvents:
         if self.finish_reason is None:
             raise UpstreamError("the engine ended the stream before it finished the message")
         events = self._start()
-        events += self._flush_text()
+        # Cut by max_tokens, held text is the start of a stop sequence that never completed: dropped.
+        events += self._flush_text(drop=self.finish_reason == "length")
         events += self._close()
         events += self._end(stop_reason(self.finish_reason, bool(self._tools)), None)
         return events
@@ -167,7 +176,12 @@ class MessageEvents:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         }
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
@@ -194,6 +208,7 @@ class MessageEvents:
         if self._stops is not None:
             match = self._stops.feed(text)
             text, stop = match.text, match.stop
+            self._count_text(bool(text), stop is not None)
         events: list[Event] = []
         if text:
             if self._open != "text":
@@ -204,10 +219,26 @@ class MessageEvents:
             events += self._end("stop_sequence", stop)
         return events
 
-    def _flush_text(self) -> list[Event]:
-        """Let through text held back as a possible stop sequence: the text ended without one."""
+    def _count_text(self, emitted: bool, stopped: bool) -> None:
+        """Count output tokens by what the client gets: chunks wholly inside a stop sequence do not count."""
+        token, self._token_pending = self._token_pending, False
+        if emitted:
+            self._counted += self._held_tokens + (1 if token else 0)
+            self._held_tokens = 0
+        elif token and not stopped:
+            self._held_tokens += 1
+        if stopped:
+            self._held_tokens = 0
+
+    def _flush_text(self, *, drop: bool = False) -> list[Event]:
+        """Let through text held back as a possible stop sequence: the text ended without one.
+
+        With ``drop``, the held text is dropped instead (its tokens were still generated).
+        """
         held = self._stops.finish() if self._stops is not None else ""
-        if not held:
+        self._counted += self._held_tokens
+        self._held_tokens = 0
+        if not held or drop:
             return []
         events = [] if self._open == "text" else self._open_block({"type": "text", "text": ""})
         events.append(self._block_delta({"type": "text_delta", "text": held}))
@@ -251,9 +282,14 @@ class MessageEvents:
 
     def _end(self, reason: str, stop: str | None) -> list[Event]:
         self.done = True
+        prompt = self._prompt_tokens if self._prompt_tokens is not None else self.input_tokens
+        cached = min(prompt, self._cached_tokens or 0)
+        # Anthropic's input_tokens leaves out cache reads: clients add the three for the context size.
         usage = {
-            "input_tokens": self._prompt_tokens if self._prompt_tokens is not None else self.input_tokens,
+            "input_tokens": prompt - cached,
             "output_tokens": self._completion_tokens if self._completion_tokens is not None else self._counted,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
         }
         delta = {"stop_reason": reason, "stop_sequence": stop}
         return [{"type": "message_delta", "delta": delta, "usage": usage}, {"type": "message_stop"}]

@@ -521,8 +521,46 @@ class TranslationPlan:
     report: OrderReport
 
 
-def plan_translation(raw: bytes, *, engine_model: str | None = None, normalize_stamp: bool = True) -> TranslationPlan:
+def unseen_image(data: Body) -> str | None:
+    """Where the request holds an image, as the client's own field path; None when it holds none.
+
+    >>> unseen_image({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+    ...     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+    ...         {"type": "text", "text": "see"}, {"type": "image", "source": {}}]}]}]})
+    'messages[2].content[0].content[1]'
+    """
+    messages = data.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "image":
+                return f"messages[{i}].content[{j}]"
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            for k, part in enumerate(inner if isinstance(inner, list) else ()):
+                if isinstance(part, dict) and part.get("type") == "image":
+                    return f"messages[{i}].content[{j}].content[{k}]"
+    return None
+
+
+def refuse_unseen_image(path: str | None) -> None:
+    """An image for a model that cannot see: a 400 naming the client's own field."""
+    if path is not None:
+        raise ClientInputError(
+            f"this model cannot see images ({path} is an image); "
+            "set vision: true only if the engine runs a vision model",
+            param=path,
+        )
+
+
+def plan_translation(
+    raw: bytes, *, engine_model: str | None = None, normalize_stamp: bool = True, sees_images: bool = True
+) -> TranslationPlan:
     """Decode, order and translate a ``/v1/messages`` body.
+
+    Checked here, on the client's body: at least one message, as the API demands; and, for a model
+    that cannot see (``sees_images`` False), no image, with the refusal naming the client's field.
 
     >>> plan = plan_translation(b'{"model": "claude", "max_tokens": 5, "stream": true, '
     ...                         b'"stop_sequences": ["END"], "messages": [{"role": "user", "content": "Hi"}]}')
@@ -531,13 +569,18 @@ def plan_translation(raw: bytes, *, engine_model: str | None = None, normalize_s
     """
     data, prepared, report = _prepare(raw, normalize_stamp)
     model = data.get("model")
-    return TranslationPlan(
+    plan = TranslationPlan(
         chat=translate_request(prepared, engine_model=engine_model),
         model=model if isinstance(model, str) else "",
         stream=data.get("stream") is True,
         stop_sequences=stop_sequences(data),
         report=report,
     )
+    if not data["messages"]:
+        raise ClientInputError("messages: at least one message is required", param="messages")
+    if not sees_images:
+        refuse_unseen_image(unseen_image(data))
+    return plan
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, settings.max_body_bytes)
     if request.app[ANTHROPIC].mode is MessagesMode.NATIVE:
         return await _native(request, raw)
-    plan = plan_translation(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
+    plan = plan_translation(
+        raw,
+        engine_model=settings.messages_model,
+        normalize_stamp=settings.normalize_billing_stamp,
+        sees_images=request.app[ENGINE_CLIENT].setup.sees_images,
+    )
     trace_of(request).order("anthropic", plan.report)
     if plan.stream:
         events = MessageEvents(model=plan.model, stop_sequences=plan.stop_sequences)

@@ -499,8 +499,29 @@ class ResponsesPlan:
     echo: Body
 
 
-def translate_request(data: Body, history: Messages | None = None) -> ResponsesPlan:
+def unseen_image(items: Messages) -> str | None:
+    """Where the client's ``input`` items hold an image, as the client's own field path; None when none.
+
+    >>> unseen_image([{"role": "user", "content": [{"type": "input_text", "text": "a"},
+    ...                                            {"type": "input_image", "image_url": "data:,"}]}])
+    'input[0].content[1]'
+    """
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        for key in ("content", "output"):
+            parts = item.get(key)
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if isinstance(part, dict) and part.get("type") == "input_image":
+                    return f"input[{i}].{key}[{j}]"
+    return None
+
+
+def translate_request(data: Body, history: Messages | None = None, *, sees_images: bool = True) -> ResponsesPlan:
     """Turn a Responses request, continuing ``history``, into a Chat Completions body.
+
+    For a model that cannot see (``sees_images`` False), an image in ``input`` is a 400 naming the
+    client's own field, checked before translation.
 
     >>> plan = translate_request({"model": "m", "instructions": "Be brief.", "input": "Hi",
     ...                           "max_output_tokens": 20})
@@ -517,6 +538,10 @@ def translate_request(data: Body, history: Messages | None = None) -> ResponsesP
     model = _opt_str(data, "model", "body")
     instructions = _opt_str(data, "instructions", "body")
     fresh = _input_items(data.get("input"))
+    if not sees_images:
+        where = unseen_image(fresh)
+        if where is not None:
+            raise _bad(where, "this model cannot see images; set vision: true only if the engine runs a vision model")
     label = {id(item): f"input[{index}]" for index, item in enumerate(fresh)}
     items, report = order_responses_items([*(history or []), *fresh])
 

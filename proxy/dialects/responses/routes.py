@@ -135,7 +135,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     data = decode_body(raw)
     previous = previous_response_id(data)
     history = (await store.get(previous, previous=True)).items if previous else None
-    plan = translate_request(data, history)
+    plan = translate_request(data, history, sees_images=request.app[ENGINE_CLIENT].setup.sees_images)
     trace_of(request).order("responses", plan.report)
     headers = _dropped(request, plan)
     engine_headers = {k: v for k, v in request.headers.items() if k.lower() in _ENGINE_HEADERS}
@@ -163,7 +163,8 @@ async def _chunks(
 ) -> AsyncGenerator[Body | None, None]:
     async with (
         request.app[ENGINE_CLIENT].admitted(request) as call,
-        aclosing(call.stream(plan.chat, engine_headers)) as chunks,
+        # Usage asked for, so an engine that streams none gets it counted (the final response reports it).
+        aclosing(call.stream({**plan.chat, "stream_options": {"include_usage": True}}, engine_headers)) as chunks,
     ):
         async for chunk in chunks:
             yield chunk

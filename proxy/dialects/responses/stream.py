@@ -86,6 +86,7 @@ class ResponsesStream:
     ``output_index`` is new, each ``added`` gets its ``done`` with the same identity, and the
     closing event carries the full output list, as the openai SDK's stream helper demands.
 
+    >>> from proxy.dialects.responses.request import translate_request
     >>> s = ResponsesStream(translate_request({"input": "hi"}), "resp_1", 0)
     >>> [e["type"] for e in s.start() + s.feed({"choices": [{"index": 0, "delta": {"content": "Hi"}}]})]
     ['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added', \
@@ -367,6 +368,7 @@ def _custom_input(arguments: str) -> str:
 def chat_to_response(completion: Body, plan: ResponsesPlan, response_id: str, created_at: int) -> Body:
     """A whole ``chat.completion`` as a Response object (the stream transducer, fed once).
 
+    >>> from proxy.dialects.responses.request import translate_request
     >>> plan = translate_request({"model": "m", "input": "hi"})
     >>> done = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
     ...          "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
