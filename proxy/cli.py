@@ -13,10 +13,10 @@ from aiohttp import web
 
 from engine_launcher.backends import BACKEND_CHOICES
 from proxy import __version__
-from proxy.config import ConfigError, Settings, load_settings
+from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
 from proxy.engine.kinds import EngineKind
 from proxy.engine.plan import TOOL_CALL_FORMATS
-from proxy.ops.logs import LOG_FORMATS, setup_logging
+from proxy.ops.logs import setup_logging
 from proxy.ops.status import public_url
 
 __all__ = ["build_parser", "main"]
@@ -40,8 +40,8 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8787)")
     parser.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json, one object per line")
+    parser.add_argument("--log-level", choices=choices(LogLevel), help="default info")
+    parser.add_argument("--log-format", choices=choices(LogFormat), help="text (default) or json, one object per line")
     parser.add_argument(
         "--api-keys-file", metavar="FILE", help="API keys clients must send, one per line (also TOOLPAIR_API_KEYS)"
     )
@@ -50,7 +50,7 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-kind",
-        choices=[kind.value for kind in EngineKind],
+        choices=choices(EngineKind),
         help="what the upstream is, which decides what toolpair adapts (default generic: nothing)",
     )
     parser.add_argument(
@@ -79,14 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--upstream", metavar="URL", help="base URL of the engine, e.g. http://127.0.0.1:8080")
     proxy.add_argument(
         "--responses-mode",
-        choices=["auto", "native", "translate"],
+        choices=choices(ApiMode),
         help="serve /v1/responses by forwarding it to the engine (native) or through its chat completions "
         "(translate); auto: native for llama-server, translate otherwise",
     )
     _add_engine_options(proxy)
     proxy.add_argument(
         "--messages-mode",
-        choices=["auto", "native", "translate"],
+        choices=choices(ApiMode),
         help="/v1/messages: native forwards Anthropic Messages, translate converts to Chat Completions (default auto)",
     )
     _add_listen_options(proxy)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -13,9 +12,9 @@ from aiohttp import web
 from anthropic import AsyncAnthropic
 
 from proxy.cli import _settings, build_parser
-from proxy.config import Settings
+from proxy.config import ApiMode, Settings
 from proxy.dialects.anthropic.request import plan_translation
-from proxy.dialects.anthropic.routes import MessagesMode, messages_mode
+from proxy.dialects.anthropic.routes import messages_mode
 from proxy.engine.client import prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, estimate_tokens
 from proxy.http.app import create_app
@@ -164,12 +163,10 @@ async def test_native_engine_errors_in_other_shapes_become_anthropic_errors(
 
 
 def test_mode_setting_auto_follows_the_engine_kind_and_the_cli_overrides() -> None:
-    assert messages_mode(Settings()) is MessagesMode.TRANSLATE
-    assert messages_mode(Settings(messages_mode="native")) is MessagesMode.NATIVE
-    fake = SimpleNamespace(messages_mode="auto", engine_kind="llama-server")
-    assert messages_mode(fake) is MessagesMode.NATIVE  # type: ignore[arg-type]
-    fake.engine_kind = "llama-cpp-python"
-    assert messages_mode(fake) is MessagesMode.TRANSLATE  # type: ignore[arg-type]
+    assert messages_mode(Settings()) is ApiMode.TRANSLATE
+    assert messages_mode(Settings(messages_mode="native")) is ApiMode.NATIVE
+    assert messages_mode(Settings(messages_mode="auto", engine_kind="llama-server")) is ApiMode.NATIVE
+    assert messages_mode(Settings(messages_mode="auto", engine_kind="llama-cpp-python")) is ApiMode.TRANSLATE
     args = build_parser().parse_args(["proxy", "--upstream", "http://e", "--messages-mode", "native"])
     assert _settings(args, "upstream", "messages_mode").messages_mode == "native"
     with pytest.raises(SystemExit):

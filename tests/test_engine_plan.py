@@ -67,7 +67,7 @@ def test_request_bytes_kept_when_nothing_moves_and_rewritten_when_adapted() -> N
 
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [({"engine_kind": "vllm"}, "unknown engine kind"), ({"tool_call_format": "xml"}, "unknown format 'xml'")],
+    [({"engine_kind": "vllm"}, "engine_kind: expected one of"), ({"tool_call_format": "xml"}, "unknown format 'xml'")],
 )
 def test_bad_engine_settings(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import orjson
 from aiohttp.http_exceptions import BadHttpMessage
 
-from proxy.config import ConfigError
+from proxy.config import ConfigError, LogFormat, choices
 from proxy.ops.trace import current_trace
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "setup_logging",
 ]
 
-LOG_FORMATS = ("text", "json")
+LOG_FORMATS = tuple(choices(LogFormat))
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:+=/-]{1,128}")
 

@@ -26,18 +26,18 @@ import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
-from enum import StrEnum
 
 import orjson
 from aiohttp import web
 
 from proxy._types import Body
-from proxy.config import ConfigError, Settings
+from proxy.config import ApiMode, ConfigError, Settings
 from proxy.dialects.anthropic.accumulate import MessageAccumulator, message_from_completion
 from proxy.dialects.anthropic.errors import native_error
 from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
 from proxy.dialects.anthropic.request import TranslationPlan, plan_native, plan_translation
 from proxy.engine.client import EngineCall, prepare_chat_body
+from proxy.engine.kinds import EngineKind
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, ToolpairError, UpstreamError
@@ -51,7 +51,6 @@ __all__ = [
     "ANTHROPIC",
     "COUNT_HEADER",
     "AnthropicState",
-    "MessagesMode",
     "messages_mode",
     "register_anthropic_routes",
 ]
@@ -73,26 +72,15 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 _NATIVE_DROP = ("accept-encoding", "x-api-key", "authorization")
 
 
-class MessagesMode(StrEnum):
-    """How ``/v1/messages`` reaches the engine."""
-
-    NATIVE = "native"  # the engine speaks Anthropic Messages
-    TRANSLATE = "translate"  # the engine speaks Chat Completions only
-
-
-def messages_mode(settings: Settings) -> MessagesMode:
-    """The mode for these settings: ``auto`` is native only for llama-server.
+def messages_mode(settings: Settings) -> ApiMode:
+    """The mode for these settings, ``native`` or ``translate``: ``auto`` is native only for llama-server.
 
     >>> messages_mode(Settings(messages_mode="auto")).value
     'translate'
     """
-    if settings.messages_mode == "auto":
-        kind = settings.engine_kind
-        return MessagesMode.NATIVE if kind == "llama-server" else MessagesMode.TRANSLATE
-    try:
-        return MessagesMode(settings.messages_mode)
-    except ValueError:
-        raise ConfigError(f"messages_mode must be auto, native or translate, not {settings.messages_mode!r}") from None
+    if settings.messages_mode is ApiMode.AUTO:
+        return ApiMode.NATIVE if settings.engine_kind == EngineKind.LLAMA_SERVER else ApiMode.TRANSLATE
+    return settings.messages_mode
 
 
 class EngineTokenizer:
@@ -146,7 +134,7 @@ class EngineTokenizer:
 class AnthropicState:
     """Per-app state of the Anthropic routes."""
 
-    mode: MessagesMode
+    mode: ApiMode
     template: ChatTemplate | None
     tokenizer: EngineTokenizer
 
@@ -157,8 +145,7 @@ ANTHROPIC = web.AppKey("anthropic", AnthropicState)
 def register_anthropic_routes(app: web.Application) -> None:
     """Add the Anthropic routes to ``app`` (call before the catch-all route).
 
-    Raises :class:`~proxy.config.ConfigError` for a bad ``messages_mode``,
-    ping interval or template file.
+    Raises :class:`~proxy.config.ConfigError` for a bad ping interval or template file.
     """
     settings = app[SETTINGS]
     if settings.messages_ping_interval <= 0:
@@ -180,7 +167,7 @@ def register_anthropic_routes(app: web.Application) -> None:
 async def messages(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.max_body_bytes)
-    if request.app[ANTHROPIC].mode is MessagesMode.NATIVE:
+    if request.app[ANTHROPIC].mode is ApiMode.NATIVE:
         return await _native(request, raw)
     plan = plan_translation(
         raw,
@@ -300,7 +287,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, settings.max_body_bytes)
     except ToolpairError:
         return _count_response(estimate_tokens(request.content_length or settings.max_body_bytes), "estimate")
-    if state.mode is MessagesMode.NATIVE:
+    if state.mode is ApiMode.NATIVE:
         return await _count_native(request, raw)
     try:
         plan = plan_translation(

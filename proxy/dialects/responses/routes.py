@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from proxy._types import Body
-from proxy.config import ConfigError, Settings
+from proxy.config import ApiMode, Settings
 from proxy.dialects.chat.request import decode_body
 from proxy.dialects.responses.request import (
     ResponsesPlan,
@@ -30,6 +30,7 @@ from proxy.dialects.responses.request import (
 )
 from proxy.dialects.responses.store import ResponseStore
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
+from proxy.engine.kinds import EngineKind
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect
 from proxy.http.body import read_body
@@ -49,25 +50,21 @@ _DROPPED_HEADER = "X-Toolpair-Dropped-Tools"
 _ENGINE_HEADERS = ("authorization",)  # what a translated request takes from the client (an engine key)
 
 
-def responses_mode(settings: Settings) -> str:
+def responses_mode(settings: Settings) -> ApiMode:
     """``native`` or ``translate``: from the setting, or from the engine kind when it is ``auto``.
 
-    >>> responses_mode(Settings(responses_mode="auto"))
+    >>> responses_mode(Settings(responses_mode="auto")).value
     'translate'
     """
-    mode = settings.responses_mode
-    if mode == "auto":
-        kind = settings.engine_kind
-        return "native" if kind == "llama-server" else "translate"
-    if mode not in ("native", "translate"):
-        raise ConfigError(f"responses_mode: expected auto, native or translate, got {mode!r}")
-    return mode
+    if settings.responses_mode is ApiMode.AUTO:
+        return ApiMode.NATIVE if settings.engine_kind == EngineKind.LLAMA_SERVER else ApiMode.TRANSLATE
+    return settings.responses_mode
 
 
 def register_responses_routes(app: web.Application) -> None:
     """Add the Responses routes for this app's mode; call before the catch-all route."""
     settings = app[SETTINGS]
-    if responses_mode(settings) == "native":
+    if responses_mode(settings) is ApiMode.NATIVE:
         for path in _PATHS:
             app.router.add_post(path, native_response)
         return
