@@ -16,8 +16,11 @@ from proxy import __version__
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
 from proxy.engine.kinds import EngineKind
 from proxy.engine.plan import TOOL_CALL_FORMATS
+from proxy.http.app import create_app
+from proxy.normalize_cli import NormalizeFailed, NormalizeJob, run_normalize
 from proxy.ops.logs import setup_logging
 from proxy.ops.status import public_url
+from proxy.serve import plan_serve, run_serve
 
 __all__ = ["build_parser", "main"]
 
@@ -173,9 +176,6 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
-
-    from proxy.http.app import create_app
-
     settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
@@ -210,10 +210,6 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def _run_normalize(args: argparse.Namespace) -> int:
-    import os
-
-    from proxy.normalize_cli import NormalizeFailed, NormalizeJob, run_normalize
-
     job = NormalizeJob(
         source=args.input,
         output=args.output,
@@ -237,8 +233,6 @@ def _run_normalize(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from proxy.serve import plan_serve, run_serve
-
     settings = _settings(args, "model")
     _setup_logging(settings)
     plan = plan_serve(settings)
