@@ -1,4 +1,4 @@
-"""The ``/v1/responses`` routes: thin handlers around :mod:`proxy.dialects.responses.translate`.
+"""The ``/v1/responses`` routes: thin handlers around :mod:`proxy.dialects.responses.request` and ``stream``.
 
 Native mode (an engine that serves the Responses API itself, such as llama-server)
 forwards the request after putting tool outputs into call order. Translate mode serves
