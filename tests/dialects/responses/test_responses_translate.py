@@ -23,7 +23,7 @@ from proxy.dialects.responses.stream import ResponsesStream, StreamStateError, c
 from proxy.errors import ClientInputError, UpstreamError
 from proxy.sse import EventDecoder
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def codex_request() -> dict[str, Any]:

@@ -22,7 +22,7 @@ from tests.mock_engine import MockEngine, Received, chunk, completion
 
 pytestmark = pytest.mark.asyncio
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 WEATHER = {
     "type": "function",
     "name": "get_weather",

@@ -25,7 +25,7 @@ from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CALLS = {
     "role": "assistant",
     "content": None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROXY = Path(__file__).resolve().parent.parent / "proxy"
+PROXY = Path(__file__).resolve().parents[2] / "proxy"
 
 
 def _modules() -> dict[str, Path]:
