@@ -20,6 +20,7 @@ from proxy.http.app import create_app
 from proxy.sse import EventDecoder
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
+from tests.support.proxies import MakeProxy
 
 HI = [{"role": "user", "content": "Hi"}]
 OVERFLOW = (
@@ -29,11 +30,8 @@ OVERFLOW = (
 
 
 @pytest.fixture
-async def url(engine: MockEngine) -> AsyncIterator[str]:
-    settings = Settings(upstream=engine.url, connect_timeout=2.0, upstream_read_timeout=5.0, max_body_bytes=100_000)
-    runner, address = await start_app(create_app(settings))
-    yield address
-    await runner.cleanup()
+async def url(make_proxy: MakeProxy) -> str:
+    return await make_proxy(max_body_bytes=100_000)
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages") -> tuple[int, Any, Any]:
@@ -284,7 +282,7 @@ async def test_malformed_engine_answers_are_502s(url: str, engine: MockEngine) -
 @pytest.mark.parametrize(
     ("settings", "problem"),
     [
-        ({"messages_mode": "sometimes"}, "messages_mode must be auto, native or translate"),
+        ({"messages_mode": "sometimes"}, "messages_mode: expected one of auto, native, translate"),
         ({"messages_ping_interval": 0.0}, "messages_ping_interval"),
         ({"count_tokens_template": "/nonexistent/template.json"}, "cannot read chat template"),
     ],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -12,12 +12,10 @@ import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
 
-from proxy.config import Settings
-from proxy.http.app import create_app
 from proxy.sse import EventDecoder
 from tests.claude_code_fixture import TOOL_NAMES, claude_code_request
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk, completion
+from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,19 +23,9 @@ Handler = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
 
 
 @pytest.fixture
-async def proxy(engine: MockEngine) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+def proxy(make_proxy: MakeProxy) -> MakeProxy:
     """Start toolpair in front of the mock engine with the given settings; returns its URL."""
-    runners: list[web.AppRunner] = []
-
-    async def start(**settings: Any) -> str:
-        options = {"upstream": engine.url, "connect_timeout": 2.0, "upstream_read_timeout": 5.0, **settings}
-        runner, url = await start_app(create_app(Settings(**options)))
-        runners.append(runner)
-        return url
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return make_proxy
 
 
 NO_CACHE = {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}

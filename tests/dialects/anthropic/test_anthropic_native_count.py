@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -17,10 +17,9 @@ from proxy.dialects.anthropic.request import plan_translation
 from proxy.dialects.anthropic.routes import messages_mode
 from proxy.engine.client import prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, estimate_tokens
-from proxy.http.app import create_app
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received
 from tests.real_engine import TEMPLATE
+from tests.support.proxies import MakeProxy
 
 HI = [{"role": "user", "content": "Hi"}]
 CALLS = {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": "Grep", "input": {}} for i in "ab"]}
@@ -38,17 +37,9 @@ MESSAGE = {
 
 
 @pytest.fixture
-async def proxy(engine: MockEngine) -> AsyncIterator[Callable[..., Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(**settings: Any) -> str:
-        runner, url = await start_app(create_app(Settings(upstream=engine.url, upstream_read_timeout=5.0, **settings)))
-        runners.append(runner)
-        return url
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+def proxy(make_proxy: MakeProxy) -> MakeProxy:
+    """Start toolpair in front of the mock engine with the given settings; returns its URL."""
+    return make_proxy
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages", **kw: Any) -> tuple[int, Any, Any]:
