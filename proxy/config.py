@@ -38,6 +38,16 @@ class ApiMode(StrEnum):
     NATIVE = "native"  # the engine serves the API: forward the (ordered) request
     TRANSLATE = "translate"  # the engine speaks Chat Completions only
 
+    def resolve(self, engine_kind: EngineKind) -> ApiMode:
+        """``native`` or ``translate`` for this engine kind: ``auto`` is native only for llama-server.
+
+        >>> ApiMode.AUTO.resolve(EngineKind.LLAMA_SERVER).value, ApiMode.AUTO.resolve(EngineKind.GENERIC).value
+        ('native', 'translate')
+        """
+        if self is not ApiMode.AUTO:
+            return self
+        return ApiMode.NATIVE if engine_kind is EngineKind.LLAMA_SERVER else ApiMode.TRANSLATE
+
 
 class LogFormat(StrEnum):
     """``log_format``: text lines for people, or one JSON object per line for collectors."""

@@ -37,7 +37,6 @@ from proxy.dialects.anthropic.errors import native_error
 from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
 from proxy.dialects.anthropic.request import TranslationPlan, plan_native, plan_translation
 from proxy.engine.client import EngineCall, prepare_chat_body
-from proxy.engine.kinds import EngineKind
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, ToolpairError, UpstreamError
@@ -78,9 +77,7 @@ def messages_mode(settings: Settings) -> ApiMode:
     >>> messages_mode(Settings(messages_mode="auto")).value
     'translate'
     """
-    if settings.messages_mode is ApiMode.AUTO:
-        return ApiMode.NATIVE if settings.engine_kind == EngineKind.LLAMA_SERVER else ApiMode.TRANSLATE
-    return settings.messages_mode
+    return settings.messages_mode.resolve(settings.engine_kind)
 
 
 class EngineTokenizer:

@@ -30,7 +30,6 @@ from proxy.dialects.responses.request import (
 )
 from proxy.dialects.responses.store import ResponseStore
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
-from proxy.engine.kinds import EngineKind
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect
 from proxy.http.body import read_body
@@ -56,9 +55,7 @@ def responses_mode(settings: Settings) -> ApiMode:
     >>> responses_mode(Settings(responses_mode="auto")).value
     'translate'
     """
-    if settings.responses_mode is ApiMode.AUTO:
-        return ApiMode.NATIVE if settings.engine_kind == EngineKind.LLAMA_SERVER else ApiMode.TRANSLATE
-    return settings.responses_mode
+    return settings.responses_mode.resolve(settings.engine_kind)
 
 
 def register_responses_routes(app: web.Application) -> None:
