@@ -22,7 +22,6 @@ from aiohttp import web
 from anthropic import AsyncAnthropic
 
 from proxy.config import Settings
-from proxy.engine.upstream import Upstream
 from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
@@ -76,22 +75,16 @@ async def stack(real_engine: RealEngine) -> AsyncIterator[Stack]:
     await session.close()
 
 
-class KeyedUpstream(Upstream):
-    """The upstream client, plus the engine's API key on every request."""
-
-    def __init__(self, base_url: str, api_key: str) -> None:
-        super().__init__(base_url, read_timeout=60.0)
-        self.api_key = api_key
-
-    async def open(self, method: str, path_qs: str, headers: Any, body: bytes | None) -> aiohttp.ClientResponse:
-        return await super().open(method, path_qs, {**headers, "Authorization": f"Bearer {self.api_key}"}, body)
-
-
 @pytest.fixture
 async def direct(real_engine: RealEngine) -> AsyncIterator[Stack]:
     """toolpair straight in front of the engine, keep-alive pool included."""
-    settings = Settings(upstream=real_engine.url, count_tokens_template=str(TEMPLATE))
-    runner, url = await start_app(create_app(settings, KeyedUpstream(real_engine.url, real_engine.api_key)))
+    settings = Settings(
+        upstream=real_engine.url,
+        upstream_api_key=real_engine.api_key,
+        upstream_read_timeout=60.0,
+        count_tokens_template=str(TEMPLATE),
+    )
+    runner, url = await start_app(create_app(settings))
     yield Stack(url)
     await runner.cleanup()
 
