@@ -192,7 +192,7 @@ async def test_agent_loop_against_the_real_engine(clients: tuple[AsyncOpenAI, As
 async def test_a_streamed_prompt_longer_than_the_context_is_an_error_not_an_empty_answer(
     clients: tuple[AsyncOpenAI, AsyncOpenAI],
 ) -> None:
-    """Straight from the engine the stream is empty; through toolpair it ends with an error."""
+    """Straight from the engine the stream is empty; through toolpair it is the engine's own 400, found on replay."""
     through, direct = clients
     request: dict[str, Any] = {
         "model": "m",
@@ -202,6 +202,7 @@ async def test_a_streamed_prompt_longer_than_the_context_is_an_error_not_an_empt
     }
     direct_chunks = [chunk async for chunk in await direct.chat.completions.create(**request)]
     assert direct_chunks == []  # the engine's own answer: 200 and nothing, no error
-    with pytest.raises(openai.APIError, match="without \\[DONE\\]"):
+    with pytest.raises(openai.BadRequestError, match="context (window|length)") as refused:
         async for _ in await through.chat.completions.create(**request):
             pass
+    assert refused.value.status_code == 400
