@@ -6,6 +6,7 @@ import orjson
 
 from proxy._types import Body
 from proxy.errors import Dialect, ToolpairError, error_event
+from proxy.sse import encode_event
 
 __all__ = ["ChatStream"]
 
@@ -32,7 +33,7 @@ class ChatStream:
         return _KEEPALIVE
 
     def feed(self, chunk: Body) -> bytes:
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return encode_event(orjson.dumps(chunk))
 
     def finish(self) -> bytes:
         return _DONE

@@ -16,6 +16,7 @@ import orjson
 from proxy._types import Body
 from proxy.dialects.responses.request import Event, ResponsesPlan, ToolRef
 from proxy.errors import ToolpairError, UpstreamError, response_error
+from proxy.sse import encode_event
 
 # --- the response: one state machine for streams, reused for whole completions ----------------
 
@@ -406,9 +407,7 @@ def chat_to_response(completion: Body, plan: ResponsesPlan, response_id: str, cr
 
 def encode(events: Sequence[Event]) -> bytes:
     """Events as SSE frames, each named by its type, as the Responses API sends them."""
-    return b"".join(
-        b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n" for event in events
-    )
+    return b"".join(encode_event(orjson.dumps(event), event["type"]) for event in events)
 
 
 class ResponsesFrames:
