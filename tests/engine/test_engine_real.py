@@ -202,7 +202,7 @@ async def test_a_streamed_prompt_longer_than_the_context_is_an_error_not_an_empt
     }
     direct_chunks = [chunk async for chunk in await direct.chat.completions.create(**request)]
     assert direct_chunks == []  # the engine's own answer: 200 and nothing, no error
-    with pytest.raises(openai.BadRequestError, match="context (window|length)") as refused:
+    with pytest.raises(openai.BadRequestError, match=r"context (window|length)") as refused:
         async for _ in await through.chat.completions.create(**request):
             pass
     assert refused.value.status_code == 400
