@@ -150,7 +150,8 @@ def _run_parquet(job: NormalizeJob, stdout: BinaryIO, progress: Progress | None)
                 run.done_bytes += rows_bytes
                 run.step()
 
-            normalize_parquet(source, None if output is None else output.file, step)
+            sink = None if output is None else output.file
+            normalize_parquet(source, sink, step, validate=job.validate)
             if progress is not None:
                 progress.done(run.tally.lines, run.done_bytes, 1.0)
             if output is not None:
