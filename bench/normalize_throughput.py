@@ -24,6 +24,7 @@ main branch), interleaved with this one's, and prints the ratio.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import random
@@ -351,7 +352,7 @@ def bench_shape(shape: str, megabytes: int, workdir: Path, repeat: int, roots: d
             )
         if "against" in best:
             print(f"{'':>8} {label:>18}: this / against = {best['against'][0] / best['this'][0]:.2f}x")
-    same = out1.read_bytes() == out2.read_bytes()
+    same = filecmp.cmp(out1, out2, shallow=False)
     print(f"1 and 2 workers wrote the same bytes: {same}; lines in {count_lines(data)}, out {count_lines(out1)}")
     summary = json.loads(report.read_text())
     share = summary["records_changed"] / summary["records_read"]

@@ -92,11 +92,12 @@ class _Run:
         self.tally = NormalizeTally()
         self.done_bytes = 0
 
-    def emit(self, block_in: int, out: bytes, part: NormalizeTally) -> None:
+    def emit(self, block_in: int, pieces: list[bytes | memoryview], part: NormalizeTally) -> None:
         self.tally.merge(part)
         self.done_bytes += block_in
         if self.output is not None:
-            self.output.write(out)
+            for piece in pieces:
+                self.output.write(piece)
         self.step()
 
     def step(self) -> None:

@@ -61,7 +61,7 @@ class Output:
         except OSError as exc:
             raise NormalizeFailed(f"cannot write {name}: {exc.strerror or exc}") from None
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         try:
             self.stream.write(data)
         except BrokenPipeError:
