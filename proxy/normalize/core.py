@@ -68,6 +68,7 @@ _NO_RUNS = OrderReport()
 _DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
 _TWENTY_DIGITS = b"0" * 20
 _BOM = b"\xef\xbb\xbf"
+_loads = orjson.loads
 
 
 class LineKind(StrEnum):
@@ -205,10 +206,13 @@ def normalize_line(line: bytes, *, validate: bool = False, field: str | None = N
 
 def normalize_marked_line(line: bytes, *, field: str | None = None) -> tuple[bytes, LineResult]:
     """``normalize_line`` for a line known to hold an ID marker: parse, order, write back if it moved."""
-    loaded = _load(line)
-    if loaded is None:
-        return line, _BAD
-    value, exact = loaded
+    try:  # orjson inline: this runs once per parsed line
+        value, exact = _loads(line), False
+    except orjson.JSONDecodeError:
+        loaded = _load(line)
+        if loaded is None:
+            return line, _BAD
+        value, exact = loaded
     chat, anthropic = CHAT_SHAPE in line, ANTHROPIC_SHAPE in line
     record = value if field is None else {field: value}
     ordered, report = order_record(record, chat=chat, anthropic=anthropic)
@@ -253,10 +257,11 @@ class NormalizeTally:
 
     def add(self, line_number: int, result: LineResult) -> None:
         self.lines += 1
-        if result.kind is LineKind.BLANK:
+        kind = result.kind
+        if kind is LineKind.BLANK:
             self.blank += 1
             return
-        if result.kind is LineKind.BAD:
+        if kind is LineKind.BAD:
             self.bad += 1
             if len(self.bad_lines) < self.max_line_numbers:
                 self.bad_lines.append(line_number)
@@ -270,8 +275,9 @@ class NormalizeTally:
         if report is not _NO_RUNS:
             self.runs_reordered += report.reordered
             self.runs_in_order += report.in_order
-            for reason, count in report.kept.items():
-                self.runs_kept[reason] = self.runs_kept.get(reason, 0) + count
+            if report.kept:
+                for reason, count in report.kept.items():
+                    self.runs_kept[reason] = self.runs_kept.get(reason, 0) + count
 
     def merge(self, other: NormalizeTally) -> None:
         """Add the counts of ``other``, which covers lines after this one's."""
