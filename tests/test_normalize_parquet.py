@@ -229,3 +229,17 @@ def test_memory_holds_one_row_group_not_the_file(tmp_path: Path) -> None:
     growth_mb = (peak_rss_kb(24) - peak_rss_kb(2)) / 1024
     assert pq.ParquetFile(tmp_path / "out24.parquet").metadata.num_rows == 24 * 4000
     assert growth_mb < 60, f"peak memory grew by {growth_mb:.0f} MB for 22 more row groups (about 110 MB of cells)"
+
+
+def test_without_pyarrow_parquet_is_a_clear_error(tmp_path: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"messages": ["[]"]}), source)
+    script = (
+        "import sys\n"
+        "sys.modules['pyarrow'] = sys.modules['pyarrow.parquet'] = None  # as if the extra were not installed\n"
+        "from proxy.normalize.cli import main\n"
+        f"sys.exit(main([{str(source)!r}, '--check']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert b"pip install 'toolpair[parquet]'" in done.stderr and b"Traceback" not in done.stderr

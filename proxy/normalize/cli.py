@@ -25,7 +25,7 @@ import gc
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TextIO
@@ -85,7 +85,7 @@ def input_format(job: NormalizeJob) -> Literal["jsonl", "parquet"]:
 class _Run:
     """The state of one run: the tally so far, the output, the progress line."""
 
-    def __init__(self, output: Output | None, progress: Progress | None, fraction: Any) -> None:
+    def __init__(self, output: Output | None, progress: Progress | None, fraction: Callable[[], float | None]) -> None:
         self.output = output
         self.progress = progress
         self.fraction = fraction
@@ -135,8 +135,10 @@ def _run_jsonl(job: NormalizeJob, stdin: BinaryIO, stdout: BinaryIO, progress: P
 
 
 def _run_parquet(job: NormalizeJob, stdout: BinaryIO, progress: Progress | None) -> tuple[NormalizeTally, list[str]]:
-    from proxy.normalize.parquet import ParquetInput, normalize_parquet
-
+    try:
+        from proxy.normalize.parquet import ParquetInput, normalize_parquet
+    except ImportError as exc:  # pyarrow is the optional [parquet] extra
+        raise NormalizeFailed(f"Parquet needs pyarrow ({exc}): pip install 'toolpair[parquet]'") from None
     if job.source == "-":
         raise NormalizeFailed("Parquet is read by row group from its footer: give a file, not stdin")
     if not job.check and job.output in (None, "-"):
