@@ -53,10 +53,13 @@ class ParquetInput:
         except pa.ArrowException as exc:
             raise NormalizeFailed(f"{path} is not a Parquet file ({exc})") from None
         self.schema: pa.Schema = self.file.schema_arrow
-        self.kinds: dict[str, ColumnKind] = {}
-        for name in COLUMNS:
-            if name in self.schema.names:
-                self.kinds[name] = _column_kind(path, self.schema.field(name))
+        try:
+            self.kinds = {
+                name: _column_kind(path, self.schema.field(name)) for name in COLUMNS if name in self.schema.names
+            }
+        except NormalizeFailed:
+            self.close()
+            raise
         if not self.kinds:
             names = ", ".join(self.schema.names) or "none"
             self.close()
