@@ -341,7 +341,7 @@ def bench_shape(shape: str, megabytes: int, workdir: Path, repeat: int, roots: d
     for label, (extra, fresh) in configs.items():
         best: dict[str, tuple[float, float, int]] = {}
         for _ in range(repeat):
-            for name, root in roots.items():  # interleaved, so both see the same load
+            for name, root in reversed(roots.items()):  # interleaved, so both see the same load; this last
                 if fresh is not None:  # replacing a big file costs the filesystem, not toolpair
                     fresh.unlink(missing_ok=True)
                 best[name] = min(best.get(name, (float("inf"), 0.0, 0)), run(root, [str(data), *extra]))
