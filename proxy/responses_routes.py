@@ -223,7 +223,11 @@ async def _stream(
                     await out.write(encode(transducer.feed(first)))
                 async for chunk in chunks:
                     await out.write(encode(transducer.feed(chunk)))
-                await out.write(encode(transducer.finish()))
+                final = encode(transducer.finish())
+                # Stored before the client sees response.completed: its next turn may reach
+                # another replica at once, and must find this response there.
+                await _keep(request, plan, transducer.response, size + len(orjson.dumps(transducer.response)), parent)
+                await out.write(final)
             except UpstreamError as exc:
                 log.warning("%s %s: %s", request.method, request.path, log_message(exc))
                 await out.write(encode(transducer.fail(exc)))
@@ -234,8 +238,6 @@ async def _stream(
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.info("%s %s: client went away", request.method, request.path)
         return out
-    if transducer.completed:
-        await _keep(request, plan, transducer.response, size + len(orjson.dumps(transducer.response)), parent)
     await out.write_eof()
     return out
 

@@ -28,7 +28,6 @@ from tests.mock_engine import MockEngine, Received, completion
 from tests.redis_server import RedisServer
 from tests.test_responses_http import client
 
-pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture
