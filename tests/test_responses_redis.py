@@ -29,7 +29,6 @@ from tests.redis_server import RedisServer
 from tests.test_responses_http import client
 
 
-
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis").start()
