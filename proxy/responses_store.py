@@ -178,8 +178,9 @@ class ResponseStore:
 #   p  the parent's id, or ""           the response it continues ("" = items hold the whole conversation)
 #   d  links from here to a root
 #   n  references: 1 while the response is kept, plus one per child hash whose p names it
-# plus PREFIX "order" (a sorted set of kept ids, scored by the server's clock in microseconds
-# when stored) and PREFIX "bytes" (the sum of s over kept responses). Dropping a response
+#   t  when it was stored, in milliseconds of the Redis server's clock (one clock for all replicas)
+# plus PREFIX "order" (a sorted set of kept ids, scored by PREFIX "seq", a counter, so the
+# oldest is first), and PREFIX "bytes" (the sum of s over kept responses). Dropping a response
 # (eviction, TTL, DELETE) removes r and s and releases one reference; a hash whose count falls
 # to 0 is deleted and releases its parent in turn, so a chain's items live exactly as long as
 # some response that needs them. Scripts run atomically, so replicas never see half a change.
@@ -189,7 +190,7 @@ local prefix = ARGV[1]
 local order = prefix .. 'order'
 local bytes = prefix .. 'bytes'
 local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 local function release(key)
   while key do
@@ -210,13 +211,23 @@ local function drop(id)
   return 1
 end
 
+local function oldest()
+  return redis.call('ZRANGE', order, 0, 0)[1]
+end
+
 local function expire(ttl)
   if ttl <= 0 then return end
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', order, '-inf', '(' .. (now - ttl))) do drop(id) end
+  while true do
+    local id = oldest()
+    if not id then return end
+    local stored = tonumber(redis.call('HGET', prefix .. 'e:' .. id, 't') or '0')
+    if stored >= now - ttl then return end
+    drop(id)
+  end
 end
 """
 
-# ARGV: prefix, id, response, items, parent, size, max_entries, max_bytes, ttl_us, max_depth
+# ARGV: prefix, id, response, items, parent, size, max_entries, max_bytes, ttl_ms, max_depth
 _LUA_PUT = (
     _LUA_COMMON
     + """
@@ -236,17 +247,19 @@ if parent ~= '' then
   if depth > tonumber(ARGV[10]) then return 'rebase' end
   redis.call('HINCRBY', parent_key, 'n', 1)
 end
-redis.call('HSET', key, 'r', ARGV[3], 's', size, 'i', ARGV[4], 'p', parent, 'd', depth, 'n', 1)
-redis.call('ZADD', order, now, id)
+redis.call('HSET', key, 'r', ARGV[3], 's', size, 'i', ARGV[4], 'p', parent, 'd', depth, 'n', 1, 't', now)
+redis.call('ZADD', order, redis.call('INCR', prefix .. 'seq'), id)
 redis.call('INCRBY', bytes, size)
 while redis.call('ZCARD', order) > max_entries or tonumber(redis.call('GET', bytes) or '0') > max_bytes do
-  drop(redis.call('ZRANGE', order, 0, 0)[1])
+  local victim = oldest()
+  if not victim then redis.call('SET', bytes, 0) break end
+  drop(victim)
 end
 return 'ok'
 """
 )
 
-# ARGV: prefix, id, ttl_us, max_depth. Returns {response, size, own items, parent's items, ...}.
+# ARGV: prefix, id, ttl_ms, max_depth. Returns {response, size, own items, parent's items, ...}.
 _LUA_GET = (
     _LUA_COMMON
     + """
@@ -266,7 +279,7 @@ return out
 """
 )
 
-# ARGV: prefix, id, ttl_us
+# ARGV: prefix, id, ttl_ms
 _LUA_DELETE = (
     _LUA_COMMON
     + """
@@ -320,8 +333,8 @@ class RedisResponseStore:
         self._delete = self._redis.register_script(_LUA_DELETE)
 
     @property
-    def _ttl_us(self) -> int:
-        return 0 if self.ttl is None else max(1, int(self.ttl * 1_000_000))
+    def _ttl_ms(self) -> int:
+        return 0 if self.ttl is None else max(1, int(self.ttl * 1000))
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -355,13 +368,13 @@ class RedisResponseStore:
 
     async def _put_once(self, response_id: str, encoded: bytes, items: Sequence[Any], parent: str, size: int) -> bytes:
         args: list[str | bytes | int] = [self.prefix, response_id, encoded, orjson.dumps(items), parent, size]
-        args += [self.max_entries, self.max_bytes, self._ttl_us, _MAX_DEPTH]
+        args += [self.max_entries, self.max_bytes, self._ttl_ms, _MAX_DEPTH]
         result = await self._put(args=args)
         return bytes(result)
 
     async def get(self, response_id: str, *, previous: bool = False) -> StoredResponse:
         with self._mapped():
-            found = await self._get(args=[self.prefix, response_id, self._ttl_us, _MAX_DEPTH])
+            found = await self._get(args=[self.prefix, response_id, self._ttl_ms, _MAX_DEPTH])
         if not found or found == [b"broken"]:
             raise _not_found(response_id, previous, "the shared Redis store")
         response, size, *links = found
@@ -372,7 +385,7 @@ class RedisResponseStore:
 
     async def delete(self, response_id: str) -> bool:
         with self._mapped():
-            return bool(await self._delete(args=[self.prefix, response_id, self._ttl_us]))
+            return bool(await self._delete(args=[self.prefix, response_id, self._ttl_ms]))
 
     async def start(self) -> None:
         """Say at start-up whether Redis answers; start-up does not wait for it.

@@ -185,7 +185,7 @@ async def test_dropping_a_chain_leaves_nothing_behind_in_redis(redis_server: Red
         assert await store.delete("resp_3") and not await store.delete("resp_3")
         db = redis.asyncio.Redis.from_url(redis_server.url)
         try:
-            assert sorted(await db.keys("*")) == [b"toolpair:responses:bytes"]
+            assert sorted(await db.keys("*")) == [b"toolpair:responses:bytes", b"toolpair:responses:seq"]
             assert await db.get("toolpair:responses:bytes") == b"0"
         finally:
             await db.aclose()
