@@ -24,7 +24,7 @@ from proxy.config import Settings
 from proxy.responses_store import RedisResponseStore, StoredResponse
 from proxy.server import create_app
 from tests.conftest import start_app
-from tests.mock_engine import MockEngine, Received, completion
+from tests.mock_engine import MockEngine, Received, completion, stream_words
 from tests.redis_server import RedisServer
 from tests.test_responses_http import client
 
@@ -246,6 +246,24 @@ async def test_a_response_generated_while_redis_dies_is_delivered_and_flagged(
         assert headers["X-Toolpair-Store"] == "failed"
         status, body, headers = await raw("GET", f"{url}/v1/responses/{body['id']}")
         assert_store_unavailable(status, body, headers)
+
+
+async def test_a_stream_whose_store_dies_still_completes(
+    engine: MockEngine, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def redis_dies_mid_stream(request: web.Request, received: Received) -> web.StreamResponse:
+        redis_server.kill()
+        return await stream_words(request, ["streamed ", "anyway"])
+
+    engine.then(redis_dies_mid_stream)
+    async with (
+        toolpair(engine, redis_server.url) as url,
+        client(url) as sdk,
+        sdk.responses.stream(model="m", input="hi") as stream,
+    ):
+        final = await stream.get_final_response()
+    assert final.status == "completed" and final.output_text == "streamed anyway"
+    assert any(final.id in r.getMessage() and "not stored" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_bad_store_setting_is_refused_at_start() -> None:
