@@ -292,6 +292,7 @@ _MAX_DEPTH = 64
 """Links walked to read a conversation: past this a response is stored whole, as a new root."""
 _TIMEOUT = 5.0
 """Seconds a Redis call may take before the request that needs it gets a 503."""
+_LOG_EVERY = 10.0
 
 
 def _continued(items: Messages, previous: StoredResponse | None) -> tuple[str, Sequence[Any]]:
@@ -324,6 +325,7 @@ class RedisResponseStore:
         self.max_bytes = max_bytes
         self.ttl = ttl
         self.prefix = prefix
+        self._logged_at = -_LOG_EVERY
         # One retry: a pooled connection that broke while Redis restarted is replaced at once.
         self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
             url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT, retry=Retry(NoBackoff(), 1)
@@ -338,15 +340,21 @@ class RedisResponseStore:
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
-        """Redis's failures, as the one error the handlers know."""
+        """Redis's failures, as the one error the handlers know.
+
+        The client learns only that the store is unavailable; the address and Redis's own
+        words go to the log, at most once per ``_LOG_EVERY`` seconds while the outage lasts.
+        """
         from redis.exceptions import RedisError
 
         try:
             yield
         except (RedisError, OSError) as exc:
-            raise StoreUnavailableError(
-                f"the Responses store at {public_url(self.url)} is unavailable ({type(exc).__name__}: {exc})"
-            ) from None
+            now = time.monotonic()
+            if now - self._logged_at >= _LOG_EVERY:
+                self._logged_at = now
+                log.warning("responses: Redis at %s: %s: %s", public_url(self.url), type(exc).__name__, exc)
+            raise StoreUnavailableError("the shared store of Responses is unavailable; retry shortly") from None
 
     async def ready(self) -> None:
         with self._mapped():
@@ -395,8 +403,8 @@ class RedisResponseStore:
         try:
             await self.ready()
             log.info("responses: stored in Redis at %s", public_url(self.url))
-        except StoreUnavailableError as exc:
-            log.warning("responses: %s; requests that need it get 503 until it answers", exc.message)
+        except StoreUnavailableError:
+            log.warning("responses: requests that need the store get 503 until Redis answers")
 
     async def close(self) -> None:
         await self._redis.aclose()

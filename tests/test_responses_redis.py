@@ -200,6 +200,7 @@ def assert_store_unavailable(status: int, body: Any, headers: Any) -> None:
     assert status == 503, body
     assert body["error"]["code"] == "store_unavailable" and body["error"]["source"] == "toolpair"
     assert body["error"]["type"] == "server_error" and headers["Retry-After"]
+    assert "redis" not in body["error"]["message"].lower()  # the store's address stays in the log
 
 
 async def test_with_redis_down_only_requests_that_need_the_store_fail(
