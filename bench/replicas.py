@@ -207,62 +207,51 @@ def _seen(text: str) -> int:
     return int(found.group(1)) if found else -1
 
 
-async def _responses_turn(
+_PATHS = {"responses": "/v1/responses", "chat": "/v1/chat/completions"}
+
+
+def _answer(kind: str, data: dict[str, Any], turn: Turn) -> str:
+    """The text of a whole (not streamed) answer."""
+    if kind == "chat":
+        return str(data["choices"][0]["message"]["content"])
+    turn.response_id = data["id"]
+    return str(data["output"][0]["content"][0]["text"])
+
+
+async def _streamed_answer(kind: str, response: aiohttp.ClientResponse, turn: Turn) -> str:
+    """The text of a streamed answer; a stream without its final event is a failure."""
+    text, completed = "", None
+    async for line in response.content:
+        if line.startswith(b"data: [DONE]"):
+            completed = {}
+        elif line.startswith(b"data: "):
+            event = orjson.loads(line[6:])
+            if kind == "chat":
+                text += "".join(choice.get("delta", {}).get("content") or "" for choice in event.get("choices", []))
+            elif event["type"] == "response.completed":
+                completed = event["response"]
+    if completed is None:
+        turn.failure = "stream-ended-without-its-last-event"
+        return ""
+    return text if kind == "chat" else _answer(kind, completed, turn)
+
+
+async def _turn(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str], turn: Turn, load: Load
 ) -> str:
     """Text of the answer; ``turn`` is filled in."""
-    async with session.post(url + "/v1/responses", json=body, headers=headers) as response:
+    async with session.post(url + _PATHS[turn.kind], json=body, headers=headers) as response:
         turn.status, turn.replica = response.status, _replica(response.headers)
         if response.status != 200:
             error = (await response.json(content_type=None)).get("error", {})
             turn.failure = f"http-{response.status}-{error.get('code')}"
             return ""
         if not turn.stream:
-            data = await response.json()
-            turn.response_id = data["id"]
-            return str(data["output"][0]["content"][0]["text"])
+            return _answer(turn.kind, await response.json(), turn)
         load.streaming[turn.replica] += 1
         load.tick.set()
         try:
-            completed = None
-            async for line in response.content:
-                if line.startswith(b"data: "):
-                    event = orjson.loads(line[6:])
-                    if event["type"] == "response.completed":
-                        completed = event["response"]
-            if completed is None:
-                turn.failure = "stream-ended-without-completed"
-                return ""
-            turn.response_id = completed["id"]
-            return str(completed["output"][0]["content"][0]["text"])
-        finally:
-            load.streaming[turn.replica] -= 1
-
-
-async def _chat_turn(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str], turn: Turn, load: Load
-) -> str:
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
-        turn.status, turn.replica = response.status, _replica(response.headers)
-        if response.status != 200:
-            error = (await response.json(content_type=None)).get("error", {})
-            turn.failure = f"http-{response.status}-{error.get('code')}"
-            return ""
-        if not turn.stream:
-            return str((await response.json())["choices"][0]["message"]["content"])
-        load.streaming[turn.replica] += 1
-        load.tick.set()
-        try:
-            text, finished = "", False
-            async for line in response.content:
-                if line.startswith(b"data: [DONE]"):
-                    finished = True
-                elif line.startswith(b"data: "):
-                    for choice in orjson.loads(line[6:]).get("choices", []):
-                        text += choice.get("delta", {}).get("content") or ""
-            if not finished:
-                turn.failure = "stream-ended-without-done"
-            return text
+            return await _streamed_answer(turn.kind, response, turn)
         finally:
             load.streaming[turn.replica] -= 1
 
@@ -290,12 +279,10 @@ async def conversation(session: aiohttp.ClientSession, url: str, index: int, loa
                 if previous_id:
                     body["previous_response_id"] = previous_id
                     turn.previous_replica = previous_replica
-                call = _responses_turn(session, url, body, headers, turn, load)
             else:
                 body = {"model": "m", "messages": [*history, {"role": "user", "content": question}], "stream": stream}
-                call = _chat_turn(session, url, body, headers, turn, load)
             try:
-                text = await call
+                text = await _turn(session, url, body, headers, turn, load)
                 if not turn.failure and _seen(text) != 2 * number - 1:
                     turn.failure = f"wrong-history: engine saw {_seen(text)} messages, expected {2 * number - 1}"
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
@@ -351,7 +338,11 @@ def summarize(load: Load, replicas: list[str], readable: int, seconds: float) ->
         and t.finished >= load.kill_time
         and (t.replica in ("", load.killed) or "replica_unavailable" in t.failure)
     ]
-    clean = [t for t in by_kill if t.failure.startswith(("cut-stream", "stream-ended", "http-503-replica_unavailable"))]
+    clean = [
+        t
+        for t in by_kill
+        if t.failure.startswith(("cut-stream", "stream-ended-without", "http-503-replica_unavailable"))
+    ]
     errors = [t for t in results if not t.ok and t not in by_kill]
     retried = [t for t in results if t.attempt == 2]
     finished = {(t.conversation, t.turn) for t in results if t.ok}
