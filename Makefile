@@ -10,7 +10,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.deps-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[test,lint,model,redis]'
+	$(PIP) install -e '.[test,lint,model,redis,parquet]'
 	touch $@
 
 $(VENV)/.deps-serve: pyproject.toml | $(VENV)/bin/python

@@ -85,7 +85,7 @@ def test_the_entry_point_is_a_command_that_exists() -> None:
     entry = next(rest for word, rest in final_stage() if word == "ENTRYPOINT")
     assert entry == '["toolpair", "serve", "--host", "0.0.0.0"]'
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["toolpair"] == "proxy.cli:main"
+    assert scripts["toolpair"] == "proxy.__main__:main"  # normalize starts there; the rest goes to proxy.cli
     args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--model", "/models/model.gguf"])
     assert (args.host, args.model, args.run.__name__) == ("0.0.0.0", "/models/model.gguf", "_run_serve")
 
