@@ -3,7 +3,7 @@
 Native mode (an engine that serves the Responses API itself, such as llama-server)
 forwards the request after putting tool outputs into call order. Translate mode serves
 it through the engine's Chat Completions, answering as the Responses API does, with the
-bounded in-memory store behind ``previous_response_id``.
+bounded store (in memory, or shared in Redis) behind ``previous_response_id``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -28,10 +28,10 @@ from proxy.dialects.responses.request import (
     previous_response_id,
     translate_request,
 )
-from proxy.dialects.responses.store import ResponseStore
+from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.upstream import forwardable_headers
-from proxy.errors import Dialect
+from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, SETTINGS
 from proxy.http.relay import relay
@@ -42,10 +42,11 @@ __all__ = ["RESPONSES_STORE", "register_responses_routes", "responses_mode"]
 
 log = logging.getLogger("toolpair")
 
-RESPONSES_STORE = web.AppKey("responses_store", ResponseStore)
+RESPONSES_STORE: web.AppKey[StoredResponses] = web.AppKey("responses_store")
 _DROPPED_SEEN: web.AppKey[set[str]] = web.AppKey("responses_dropped_seen")
 _PATHS = ("/v1/responses", "/responses")
 _DROPPED_HEADER = "X-Toolpair-Dropped-Tools"
+_STORE_HEADER = "X-Toolpair-Store"  # "failed": answered, but the store lost it (see _keep)
 _ENGINE_HEADERS = ("authorization",)  # what a translated request takes from the client (an engine key)
 
 
@@ -65,12 +66,20 @@ def register_responses_routes(app: web.Application) -> None:
         for path in _PATHS:
             app.router.add_post(path, native_response)
         return
-    app[RESPONSES_STORE] = ResponseStore(settings.responses_store_max_entries, settings.responses_store_max_bytes)
+    app[RESPONSES_STORE] = create_response_store(settings)
+    app.cleanup_ctx.append(_store_lifetime)
     app[_DROPPED_SEEN] = set()
     for path in _PATHS:
         app.router.add_post(path, create_response)
         app.router.add_get(path + "/{response_id}", get_response)
         app.router.add_delete(path + "/{response_id}", delete_response)
+
+
+async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
+    store = app[RESPONSES_STORE]
+    await store.start()
+    yield
+    await store.close()
 
 
 async def native_response(request: web.Request) -> web.StreamResponse:
@@ -117,9 +126,25 @@ def _dropped(request: web.Request, plan: ResponsesPlan) -> dict[str, str]:
     return {_DROPPED_HEADER: value}
 
 
-async def _keep(request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int) -> None:
-    if plan.store:
-        await request.app[RESPONSES_STORE].put(response["id"], [*plan.items, *response["output"]], response, size=size)
+async def _keep(
+    request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int, parent: StoredResponse | None
+) -> bool:
+    """Store a response that was asked to be stored; False when the store failed.
+
+    The store was reachable before the engine was asked (``ready``), so this fails only when
+    it went away during the generation. The response is delivered all the same: the work is
+    done, and a stream may already have sent it. A later ``previous_response_id`` naming it gets
+    503 while the store is down, 404 after.
+    """
+    if not plan.store:
+        return True
+    items = [*plan.items, *response["output"]]
+    try:
+        await request.app[RESPONSES_STORE].put(response["id"], items, response, size=size, previous=parent)
+    except StoreUnavailableError as exc:
+        log.warning("responses: %s was answered but not stored: %s", response["id"], exc.message)
+        return False
+    return True
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -128,8 +153,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, settings.max_body_bytes)
     data = decode_body(raw)
     previous = previous_response_id(data)
-    history = (await store.get(previous, previous=True)).items if previous else None
-    plan = translate_request(data, history, sees_images=request.app[ENGINE_CLIENT].setup.sees_images)
+    parent = await store.get(previous, previous=True) if previous else None
+    plan = translate_request(
+        data, parent.items if parent else None, sees_images=request.app[ENGINE_CLIENT].setup.sees_images
+    )
+    if plan.store and parent is None:
+        await store.ready()  # a store that is down refuses now, before the engine works for nothing
     trace_of(request).order("responses", plan.report)
     headers = _dropped(request, plan)
     engine_headers = {k: v for k, v in request.headers.items() if k.lower() in _ENGINE_HEADERS}
@@ -139,7 +168,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
         async def keep() -> None:  # before response.completed goes out, so the client finds it stored
             answer = frames.stream.response
-            await _keep(request, plan, answer, len(raw) + len(orjson.dumps(answer)))
+            await _keep(request, plan, answer, len(raw) + len(orjson.dumps(answer)), parent)
 
         return await stream_reply(
             request, _chunks(request, plan, engine_headers), frames, headers=headers, before_finish=keep
@@ -148,7 +177,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         completion = await call.completion(plan.chat, engine_headers)
     response = chat_to_response(completion, plan, response_id, created_at)
     body = orjson.dumps(response)
-    await _keep(request, plan, response, len(raw) + len(body))
+    if not await _keep(request, plan, response, len(raw) + len(body), parent):
+        headers[_STORE_HEADER] = "failed"
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
@@ -172,7 +202,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
 async def delete_response(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES_STORE]
     response_id = request.match_info["response_id"]
-    await store.get(response_id)
-    await store.delete(response_id)
+    if not await store.delete(response_id):
+        await store.get(response_id)  # not stored: the 404 says why
     body = {"id": response_id, "object": "response.deleted", "deleted": True}
     return web.Response(body=orjson.dumps(body), content_type="application/json")
