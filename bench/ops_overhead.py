@@ -25,15 +25,15 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.access import _log_access
-from proxy.auth import KeyRing
 from proxy.config import Settings
-from proxy.logs import log_handler
-from proxy.metrics import Metrics
+from proxy.http.app import create_app
+from proxy.ops.access import _log_access
+from proxy.ops.auth import KeyRing
+from proxy.ops.logs import log_handler
+from proxy.ops.metrics import Metrics
+from proxy.ops.trace import Trace
+from proxy.ops.usage import UsageScanner
 from proxy.order import OrderReport
-from proxy.server import create_app
-from proxy.trace import Trace
-from proxy.usage import UsageScanner
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, chunk
 

@@ -24,7 +24,7 @@ import redis.asyncio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.responses_store import RedisResponseStore, StoredResponse  # noqa: E402
+from proxy.dialects.responses.store import RedisResponseStore, StoredResponse  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 

@@ -13,11 +13,14 @@ from aiohttp import web
 
 from engine_launcher.backends import BACKEND_CHOICES
 from proxy import __version__
-from proxy.config import ConfigError, Settings, load_settings
-from proxy.engine_plan import TOOL_CALL_FORMATS
-from proxy.engines import EngineKind
-from proxy.logs import LOG_FORMATS, setup_logging
-from proxy.status import public_url
+from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
+from proxy.engine.kinds import EngineKind
+from proxy.engine.plan import TOOL_CALL_FORMATS
+from proxy.http.app import create_app
+from proxy.normalize import cli as normalize_cli
+from proxy.ops.logs import setup_logging
+from proxy.ops.status import public_url
+from proxy.serve import plan_serve, run_serve
 
 __all__ = ["build_parser", "main"]
 
@@ -40,8 +43,8 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8787)")
     parser.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json, one object per line")
+    parser.add_argument("--log-level", choices=choices(LogLevel), help="default info")
+    parser.add_argument("--log-format", choices=choices(LogFormat), help="text (default) or json, one object per line")
     parser.add_argument(
         "--api-keys-file", metavar="FILE", help="API keys clients must send, one per line (also TOOLPAIR_API_KEYS)"
     )
@@ -59,7 +62,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-kind",
-        choices=[kind.value for kind in EngineKind],
+        choices=choices(EngineKind),
         help="what the upstream is, which decides what toolpair adapts (default generic: nothing)",
     )
     parser.add_argument(
@@ -88,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--upstream", metavar="URL", help="base URL of the engine, e.g. http://127.0.0.1:8080")
     proxy.add_argument(
         "--responses-mode",
-        choices=["auto", "native", "translate"],
+        choices=choices(ApiMode),
         help="serve /v1/responses by forwarding it to the engine (native) or through its chat completions "
         "(translate); auto: native for llama-server, translate otherwise",
     )
@@ -96,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_options(proxy)
     proxy.add_argument(
         "--messages-mode",
-        choices=["auto", "native", "translate"],
+        choices=choices(ApiMode),
         help="/v1/messages: native forwards Anthropic Messages, translate converts to Chat Completions (default auto)",
     )
     _add_listen_options(proxy)
@@ -139,10 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_normalize_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from proxy.normalize.cli import DESCRIPTION, HELP, add_arguments
-
-    normalize = commands.add_parser("normalize", help=HELP, description=DESCRIPTION)
-    add_arguments(normalize)
+    normalize = commands.add_parser("normalize", help=normalize_cli.HELP, description=normalize_cli.DESCRIPTION)
+    normalize_cli.add_arguments(normalize)
     normalize.set_defaults(run=_run_normalize)
 
 
@@ -164,9 +165,6 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
-
-    from proxy.server import create_app
-
     settings = _settings(
         args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format", "responses_store"
     )
@@ -203,14 +201,10 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def _run_normalize(args: argparse.Namespace) -> int:
-    from proxy.normalize.cli import run_args
-
-    return run_args(args)
+    return normalize_cli.run_args(args)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from proxy.serve import plan_serve, run_serve
-
     settings = _settings(args, "model", "responses_store")
     _setup_logging(settings)
     plan = plan_serve(settings)

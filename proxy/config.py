@@ -8,23 +8,78 @@ keeps the two in step. Unknown keys are an error, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "Settings", "load_settings", "ENV_PREFIX"]
+from proxy.engine.kinds import EngineKind
+
+__all__ = ["ApiMode", "ConfigError", "LogFormat", "LogLevel", "Settings", "load_settings", "ENV_PREFIX"]
 
 ENV_PREFIX = "TOOLPAIR_"
 
 
 class ConfigError(ValueError):
     """Raised when a setting is unknown or its value has the wrong type."""
+
+
+class ApiMode(StrEnum):
+    """How ``/v1/messages`` or ``/v1/responses`` reaches the engine (``messages_mode``, ``responses_mode``)."""
+
+    AUTO = "auto"  # native for an engine that serves the API itself (llama-server), else translate
+    NATIVE = "native"  # the engine serves the API: forward the (ordered) request
+    TRANSLATE = "translate"  # the engine speaks Chat Completions only
+
+    def resolve(self, engine_kind: EngineKind) -> ApiMode:
+        """``native`` or ``translate`` for this engine kind: ``auto`` is native only for llama-server.
+
+        >>> ApiMode.AUTO.resolve(EngineKind.LLAMA_SERVER).value, ApiMode.AUTO.resolve(EngineKind.GENERIC).value
+        ('native', 'translate')
+        """
+        if self is not ApiMode.AUTO:
+            return self
+        return ApiMode.NATIVE if engine_kind is EngineKind.LLAMA_SERVER else ApiMode.TRANSLATE
+
+
+class LogFormat(StrEnum):
+    """``log_format``: text lines for people, or one JSON object per line for collectors."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+class LogLevel(StrEnum):
+    """``log_level``."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+def choices(kind: type[StrEnum]) -> list[str]:
+    """The values of a mode type, as the command line offers them.
+
+    >>> choices(ApiMode)
+    ['auto', 'native', 'translate']
+    """
+    return [member.value for member in kind]
+
+
+def _enum(name: str, kind: type[StrEnum], value: Any) -> StrEnum:
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(choices(kind))
+        raise ConfigError(f"{name}: expected one of {known}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -42,9 +97,9 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     body_read_timeout: float | None = 120.0
     # logging
-    log_level: str = "info"
+    log_level: LogLevel = LogLevel.INFO
     # OpenAI Responses (/v1/responses)
-    responses_mode: str = "auto"
+    responses_mode: ApiMode = ApiMode.AUTO
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
     # shared Responses store for replicas (issue 14): memory, or redis://HOST:PORT/DB
@@ -55,16 +110,16 @@ class Settings:
     api_keys_file: str | None = None
     upstream_api_key: str | None = field(default=None, repr=False)
     metrics_require_key: bool = False
-    log_format: str = "text"
+    log_format: LogFormat = LogFormat.TEXT
     log_bodies: bool = False
     # engine adaptation and tool-call extraction (issue 4)
-    engine_kind: str = "generic"
+    engine_kind: EngineKind = EngineKind.GENERIC
     tool_call_format: str = "auto"
     reasoning: bool = True
     think_in_prompt: bool = False
     vision: bool = False
     # Anthropic Messages (/v1/messages, /v1/messages/count_tokens)
-    messages_mode: str = "auto"
+    messages_mode: ApiMode = ApiMode.AUTO
     messages_model: str | None = None
     normalize_billing_stamp: bool = True
     messages_ping_interval: float = 5.0
@@ -82,6 +137,18 @@ class Settings:
     shutdown_grace: float = 30.0
     max_concurrency: int = 1
     max_queue: int = 64
+
+    def __post_init__(self) -> None:
+        """Mode settings are checked here, once, however the settings were made (a string becomes its mode)."""
+        for name, kind in _enum_fields().items():
+            value = getattr(self, name)
+            if type(value) is not kind:
+                object.__setattr__(self, name, _enum(name, kind, value))
+
+
+@functools.cache
+def _enum_fields() -> dict[str, type[StrEnum]]:
+    return {name: kind for name, kind in _field_types().items() if isinstance(kind, type) and issubclass(kind, StrEnum)}
 
 
 def _field_types() -> dict[str, Any]:
@@ -104,6 +171,8 @@ def _coerce(name: str, kind: Any, value: Any, *, from_text: bool) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{name}: expected a list, got {value!r}")
         return [_coerce(name, item, v, from_text=from_text) for v in value]
+    if isinstance(kind, type) and issubclass(kind, StrEnum):
+        return _enum(name, kind, value.strip() if from_text else value)
     if kind is bool:
         if from_text:
             lowered = value.strip().lower()

@@ -90,7 +90,7 @@ class ToolpairError(Exception):
     """Seconds, sent as ``Retry-After`` when set."""
 
     quotes_engine = False
-    """The message holds the engine's own words, which may quote the prompt: logged only via proxy.privacy."""
+    """The message holds the engine's own words, which may quote the prompt: logged only via proxy.ops.privacy."""
 
     def __init__(self, message: str, *, param: str | None = None, quotes_engine: bool = False) -> None:
         super().__init__(message)

@@ -4,12 +4,12 @@ Before anything starts, :func:`plan_serve` settles every decision (model,
 context size, chat template, GPU offload, engine port and key) and refuses a
 bad setting with a clear message. :func:`build_serve_app` wires the engine in as
 the upstream: its supervisor's lifetime is tied to the app's ``cleanup_ctx``,
-and an :class:`~proxy.queueing.EngineQueue` is the app's admission.
+and an :class:`~proxy.engine.queueing.EngineQueue` is the app's admission.
 :func:`run_serve` listens, prints how to connect, and on SIGTERM or SIGINT
 stops accepting, gives requests in flight ``shutdown_grace`` seconds, then stops
 the engine.
 
-``/ready`` (:mod:`proxy.health`) answers 200 only while the engine is ready,
+``/ready`` (:mod:`proxy.http.probes`) answers 200 only while the engine is ready,
 with its state, restarts and queue in the body.
 """
 
@@ -40,13 +40,14 @@ from engine_launcher.models import ModelError, bundled_model, choose_template
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from proxy import __version__
 from proxy.config import ConfigError, Settings
-from proxy.engine_status import ENGINE_PROBE, EngineSnapshot
+from proxy.engine.plan import engine_setup
+from proxy.engine.queueing import EngineQueue
+from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
+from proxy.engine.upstream import Upstream
 from proxy.errors import EngineUnavailableError
-from proxy.health import READINESS
-from proxy.queueing import EngineQueue
-from proxy.server import create_app
-from proxy.toolcalls import detect_tool_call_format, template_opens_think
-from proxy.upstream import Upstream
+from proxy.http.app import create_app
+from proxy.http.probes import READINESS
+from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
 
 __all__ = ["QUEUE", "SUPERVISOR", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
 
@@ -234,14 +235,15 @@ def build_serve_app(
         max_queue=settings.max_queue,
         ready_timeout=settings.engine_ready_wait,
     )
+    # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
+    settings = managed_settings(settings, plan)
     upstream = Upstream(
         launch.url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.upstream_read_timeout,
         api_key=launch.api_key,
+        reuses_connections=engine_setup(settings).profile.reuses_connections,
     )
-    # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
-    settings = managed_settings(settings, plan)
     app = create_app(settings, upstream, admission=queue)
     app[SUPERVISOR] = engine
     app[QUEUE] = queue

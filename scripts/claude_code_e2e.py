@@ -28,9 +28,9 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.config import Settings  # noqa: E402
-from proxy.server import create_app  # noqa: E402
-from tests.conftest import start_app  # noqa: E402
+from proxy.config import Settings
+from proxy.http.app import create_app
+from tests.conftest import start_app
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:

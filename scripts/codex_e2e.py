@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.config import Settings  # noqa: E402
-from proxy.server import create_app  # noqa: E402
+from proxy.http.app import create_app
 from tests.conftest import start_app  # noqa: E402
 from tests.mock_engine import MockEngine, Received, chunk  # noqa: E402
 

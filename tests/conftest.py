@@ -6,22 +6,13 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
-from aiohttp import web
 
 from proxy.config import Settings
-from proxy.server import create_app
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine, start_real_engine
+from tests.support.proxies import MakeProxy, ProxyFactory, start_app
 
-
-async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    """Run an aiohttp app on a free loopback port, cancelling handlers when clients leave."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+__all__ = ["Stack", "start_app"]  # start_app: imported from here by older tests
 
 
 @dataclass
@@ -40,11 +31,17 @@ async def engine() -> AsyncIterator[MockEngine]:
 
 
 @pytest.fixture
-async def stack(engine: MockEngine) -> AsyncIterator[Stack]:
+async def stack(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[Stack]:
     settings = Settings(upstream=engine.url, connect_timeout=2.0, upstream_read_timeout=5.0)
-    runner, url = await start_app(create_app(settings))
-    yield Stack(engine, url, settings)
-    await runner.cleanup()
+    yield Stack(engine, await make_proxy(), settings)
+
+
+@pytest.fixture
+async def make_proxy(engine: MockEngine) -> AsyncIterator[MakeProxy]:
+    """The one proxy factory: ``url = await make_proxy(**settings)`` in front of the mock engine."""
+    factory = ProxyFactory(engine.url)
+    yield factory
+    await factory.close()
 
 
 @pytest.fixture(scope="session")

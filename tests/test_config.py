@@ -96,7 +96,11 @@ def test_engine_options_are_checked_on_the_command_line(args: list[str], message
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("engine_kind: vllm\n", "unknown engine kind 'vllm'"), ("tool_call_format: xml\n", "unknown format 'xml'")],
+    [
+        ("engine_kind: vllm\n", "engine_kind: expected one of llama-cpp-python, llama-server, generic, got 'vllm'"),
+        ("tool_call_format: xml\n", "unknown format 'xml'"),
+        ("messages_mode: sometimes\n", "messages_mode: expected one of auto, native, translate, got 'sometimes'"),
+    ],
 )
 def test_engine_settings_from_a_file_are_checked_at_startup(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "c.yaml"

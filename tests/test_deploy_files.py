@@ -12,7 +12,7 @@ import pytest
 
 from engine_launcher.backends import Backend, detect_backend
 from proxy.cli import build_parser
-from proxy.health import HEALTH_PATH, READY_PATH
+from proxy.http.probes import HEALTH_PATH, READY_PATH
 from tests.test_backends import FakeProbes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 Each case says what the reply must become: the content text, the reasoning
 text, the calls (name and arguments as decoded JSON) and how many call blocks
-are malformed. ``options`` are :class:`~proxy.toolcalls.ExtractOptions` fields.
+are malformed. ``options`` are :class:`~proxy.engine.toolcalls.ExtractOptions` fields.
 """
 
 from __future__ import annotations

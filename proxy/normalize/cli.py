@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, Literal, TextIO
 from proxy.normalize.core import NormalizeTally
 from proxy.normalize.files import NormalizeFailed, Output
 from proxy.normalize.jsonl import JsonlSource, normalize_jsonl
-from proxy.progress import Progress
+from proxy.ops.progress import Progress
 
 __all__ = [
     "FORMATS",

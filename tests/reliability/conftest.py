@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.server import create_app
+from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine
 from tests.reliability import figures

@@ -25,8 +25,8 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.queueing import EngineQueue
-from proxy.server import create_app
+from proxy.engine.queueing import EngineQueue
+from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.reliability.client import post
@@ -193,9 +193,10 @@ async def test_requests_toolpair_refuses_never_reach_the_engine(engine: MockEngi
                 refused[name] = refused.get(name, 0) + 1
             # A full queue: one request holds the engine's only slot, no place to wait.
             engine.then(_silent)
+            arrived = len(engine.received)
             holder = asyncio.create_task(post(url, api, body(api), headers=key, deadline=30))
-            for _ in range(200):
-                if queue.active == 1:
+            for _ in range(500):  # admitted, and its generation reached the engine
+                if queue.active == 1 and len(engine.received) > arrived:
                     break
                 await asyncio.sleep(0.01)
             before = len(engine.received)

@@ -18,11 +18,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from engine_launcher.process import ChildSpec, EngineSupervisor
-from proxy.adapt import adapt_chat_request
-from proxy.engines import engine_profile
-from proxy.logs import log_handler
+from proxy.dialects.responses.request import translate_request
+from proxy.dialects.responses.stream import ResponsesStream
+from proxy.engine.adapt import adapt_chat_request
+from proxy.engine.kinds import engine_profile
+from proxy.ops.logs import log_handler
 from proxy.order import order_responses_items
-from proxy.responses import ResponsesStream, translate_request
 from tests.mock_engine import Received, chunk
 from tests.reliability.client import post
 from tests.reliability.conftest import Proxy, ProxyFactory

@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-import proxy.auth
-from proxy.auth import KeyRing
-from proxy.logs import log_handler
+import proxy.ops.auth
+from proxy.ops.auth import KeyRing
+from proxy.ops.logs import log_handler
 from tests.mock_engine import Received, chunk, completion
 from tests.reliability.client import post, send
 from tests.reliability.conftest import ProxyFactory
@@ -52,14 +52,14 @@ def test_keys_are_compared_with_compare_digest_against_every_key_without_an_earl
 
 @pytest.fixture
 def comparisons(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[bytes, bytes]]]:
-    """Every compare_digest call proxy.auth makes."""
+    """Every compare_digest call proxy.ops.auth makes."""
     seen: list[tuple[bytes, bytes]] = []
 
     def compare(a: bytes, b: bytes) -> bool:
         seen.append((a, b))
         return hmac.compare_digest(a, b)
 
-    monkeypatch.setattr(proxy.auth, "hmac", types.SimpleNamespace(compare_digest=compare))
+    monkeypatch.setattr(proxy.ops.auth, "hmac", types.SimpleNamespace(compare_digest=compare))
     yield seen
 
 

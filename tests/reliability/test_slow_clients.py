@@ -31,9 +31,9 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Settings
-from proxy.metrics import METRICS
-from proxy.queueing import EngineQueue
-from proxy.server import create_app
+from proxy.engine.queueing import EngineQueue
+from proxy.http.app import create_app
+from proxy.ops.metrics import METRICS
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.reliability.client import HEADERS, post

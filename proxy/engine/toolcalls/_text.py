@@ -1,0 +1,271 @@
+"""Raw model text in, content, reasoning and tool calls out: one stream transducer.
+
+``feed(text) -> list[Event]`` and ``finish() -> list[Event]``; any split of
+the text gives the same events, merged, as the whole text (the tests check
+every split). The non-stream path runs the same transducer over the whole
+reply, so a stream and a non-stream reply never disagree.
+
+What is held back, and only until it is decided:
+
+- at the start, a possible ``<think>`` (with the whitespace before it);
+- in reasoning, a possible ``</think>``;
+- in content, a possible start marker of a call, and the whitespace just
+  before it (a call's surrounding whitespace is not content);
+- with ``mistral`` or ``llama3`` named, a reply that opens with ``[`` or ``{``,
+  until that JSON closes: it may be a call whose marker the engine dropped;
+- once a marker has come, the call's text until the call is complete and
+  well formed. Then it goes out as one :class:`ToolCall`; malformed or cut-off
+  call text goes out as content, and is counted in ``malformed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.engine.toolcalls._events import (
+    Content,
+    Event,
+    IdSource,
+    ParsedCall,
+    Reasoning,
+    Step,
+    ToolCall,
+    random_call_id,
+)
+from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
+from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
+from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
+from proxy.engine.toolcalls._scan import held_suffix
+from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
+from proxy.ops.privacy import private
+
+__all__ = ["FORMATS", "ExtractOptions", "TextExtractor"]
+
+log = logging.getLogger("toolpair.toolcalls")
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+FORMATS: dict[str, tuple[str, ...]] = {
+    "hermes": (TOOL_CALL_OPEN,),
+    "qwen3-coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
+    "mistral": (TOOL_CALLS,),
+    "llama3": (PYTHON_TAG,),
+    "auto": (TOOL_CALL_OPEN, TOOL_CALLS, PYTHON_TAG),
+}
+"""Start markers of each format. ``auto`` knows every marked form; forms without
+a marker (a reply that opens with the JSON) need the format named."""
+
+_BARE_OPENERS = {"mistral": "[", "llama3": "{"}
+
+
+class CallParser(Protocol):
+    """Reads the text after a start marker; see :class:`~proxy.engine.toolcalls._events.Step`."""
+
+    counts_malformed: bool
+
+    def step(self, text: str, final: bool) -> Step: ...
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """What to lift out of one reply's text."""
+
+    calls: str | None = None
+    """Tool-call format (a key of :data:`FORMATS`), or None to leave calls in the text."""
+    reasoning: bool = False
+    """Move a leading ``<think>…</think>`` block into reasoning."""
+    think_open: bool = False
+    """The prompt already opened ``<think>``: the reply starts inside it."""
+    parallel: bool = True
+    """False keeps only the first call (``parallel_tool_calls: false``)."""
+    tools: Mapping[str, Any] = field(default_factory=dict)
+    """The request's function tools: name -> parameters schema."""
+
+    @property
+    def active(self) -> bool:
+        return self.calls is not None or self.reasoning
+
+
+class TextExtractor:
+    """One reply's text -> :class:`Content`, :class:`Reasoning` and :class:`ToolCall` events.
+
+    >>> x = TextExtractor(ExtractOptions(calls="hermes"), ids=lambda style: "call_1")
+    >>> x.feed('Sure.\\n<tool_call>{"name": "f", "arguments": {}}</tool') + x.feed('_call>') + x.finish()
+    [Content(text='Sure.'), ToolCall(index=0, id='call_1', name='f', arguments='{}')]
+    """
+
+    def __init__(self, options: ExtractOptions, ids: IdSource = random_call_id) -> None:
+        if options.calls is not None and options.calls not in FORMATS:
+            raise ValueError(f"unknown tool-call format {options.calls!r}")
+        self._options = options
+        self._ids = ids
+        self._markers = FORMATS[options.calls] if options.calls else ()
+        self._bare = _BARE_OPENERS.get(options.calls or "") if options.tools else None
+        if not options.reasoning:
+            self._phase = "content"
+        else:
+            self._phase = "reasoning" if options.think_open else "start"
+        self._buffer = ""
+        self._trim = options.reasoning and options.think_open  # drop whitespace that opens a section
+        self._at_start = True
+        self._parser: CallParser | None = None
+        self._marker = ""  # the marker (and whitespace before it) of the block being read
+        self._block_calls = 0
+        self.calls = 0
+        """Calls emitted so far."""
+        self.malformed = 0
+        """Call blocks that turned out malformed and went out as text."""
+        self.dropped = 0
+        """Calls left out because ``parallel`` is off."""
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        return self._run(final=False)
+
+    def finish(self) -> list[Event]:
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while self._advance(out, final):
+            pass
+        return out
+
+    def _advance(self, out: list[Event], final: bool) -> bool:
+        """One step of the state machine; True when it should run again."""
+        if self._phase == "start":
+            return self._start(final)
+        if self._phase == "reasoning":
+            return self._reasoning(out, final)
+        if self._phase == "call":
+            return self._call(out, final)
+        return self._content(out, final)
+
+    def _start(self, final: bool) -> bool:
+        stripped = self._buffer.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self._buffer = stripped[len(THINK_OPEN) :]
+            self._phase, self._trim = "reasoning", True
+            return True
+        if not final and THINK_OPEN.startswith(stripped):
+            return False
+        self._phase = "content"
+        return True
+
+    def _trimmed(self) -> bool:
+        """Drop whitespace at the start of a section; False while there is nothing else yet."""
+        if self._trim:
+            self._buffer = self._buffer.lstrip()
+            if not self._buffer:
+                return False
+            self._trim = False
+        return True
+
+    def _reasoning(self, out: list[Event], final: bool) -> bool:
+        if not self._trimmed():
+            return False
+        end = self._buffer.find(THINK_CLOSE)
+        if end >= 0:
+            if end:
+                out.append(Reasoning(self._buffer[:end]))
+            self._buffer = self._buffer[end + len(THINK_CLOSE) :]
+            self._phase, self._trim = "content", True
+            return True
+        keep = 0 if final else held_suffix(self._buffer, (THINK_CLOSE,))
+        cut = len(self._buffer) - keep
+        if cut:
+            out.append(Reasoning(self._buffer[:cut]))
+            self._buffer = self._buffer[cut:]
+        return False
+
+    def _content(self, out: list[Event], final: bool) -> bool:
+        if not self._trimmed():
+            return False
+        if self._at_start and self._bare is not None and self._open_bare(final):
+            return True
+        buffer = self._buffer
+        found = min(((i, m) for m in self._markers if (i := buffer.find(m)) >= 0), default=None)
+        if found is not None:
+            index, marker = found
+            before = buffer[:index]
+            text = before.rstrip()
+            if text:
+                out.append(Content(text))
+            self._marker = before[len(text) :] + marker
+            self._buffer = buffer[index + len(marker) :]
+            self._begin(self._parser_for(marker))
+            return True
+        cut = len(buffer)
+        if not final and self._markers:
+            cut -= held_suffix(buffer, self._markers)
+            while cut and buffer[cut - 1].isspace():
+                cut -= 1
+        if cut:
+            out.append(Content(buffer[:cut]))
+            self._buffer = buffer[cut:]
+        return False
+
+    def _open_bare(self, final: bool) -> bool:
+        """At the start of the content: does a marker-less call (a JSON opener) begin here?"""
+        stripped = self._buffer.lstrip()
+        if not stripped:
+            if final:
+                self._at_start = False
+            return False
+        self._at_start = False
+        if stripped[0] != self._bare:
+            return False
+        self._marker = self._buffer[: len(self._buffer) - len(stripped)]
+        self._buffer = stripped
+        known = self._options.tools.keys()
+        parser = MistralParser(known, bare=True) if self._bare == "[" else Llama3Parser(known, bare=True)
+        self._begin(parser)
+        return True
+
+    def _parser_for(self, marker: str) -> CallParser:
+        if marker == TOOL_CALLS:
+            return MistralParser(self._options.tools.keys())
+        if marker == PYTHON_TAG:
+            return Llama3Parser(self._options.tools.keys())
+        return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
+
+    def _begin(self, parser: CallParser) -> None:
+        self._parser, self._phase, self._block_calls = parser, "call", 0
+
+    def _call(self, out: list[Event], final: bool) -> bool:
+        assert self._parser is not None
+        step = self._parser.step(self._buffer, final)
+        for call in step.calls:
+            self._emit(call, out)
+        if step.state == "more" and not final:
+            return False
+        if step.state == "done":
+            self._buffer = self._buffer[step.consumed :]
+            self._trim = True
+        else:
+            if self._parser.counts_malformed:
+                self.malformed += 1
+                text = self._marker + self._buffer
+                log.warning("malformed %s tool call kept as text: %s", self._options.calls, private(repr(text[:200])))
+            if step.consumed == 0 and self._block_calls == 0:
+                literal = self._marker + self._buffer[: step.literal]
+                if literal:
+                    out.append(Content(literal))
+                self._buffer = self._buffer[step.literal :]
+            else:
+                self._buffer = self._buffer[step.consumed :]
+        self._parser, self._phase, self._marker = None, "content", ""
+        return True
+
+    def _emit(self, call: ParsedCall, out: list[Event]) -> None:
+        self._block_calls += 1
+        if self.calls and not self._options.parallel:
+            self.dropped += 1
+            return
+        call_id = call.id or self._ids(call.id_style)
+        out.append(ToolCall(self.calls, call_id, call.name, call.arguments))
+        self.calls += 1

@@ -1,0 +1,183 @@
+"""The forwarding client: one pooled session per upstream, errors mapped once.
+
+aiohttp client errors never leave this module. Connecting and reading the
+response head raise :class:`~proxy.errors.UpstreamError` or
+:class:`~proxy.errors.UpstreamTimeoutError`; so does :meth:`Upstream.chunks`
+when the body breaks off. There is no total timeout, because long generations
+are normal: only connecting, and silence between two reads, are bounded.
+
+Credentials for the next hop are decided here too, once: with ``api_key`` the
+engine gets ``Authorization: Bearer <api_key>`` and never the client's own
+``Authorization`` or ``x-api-key``; with ``forward_credentials=False`` (toolpair
+checks keys of its own) the client's are dropped and none are sent.
+
+Every request and response also passes the current request's
+:class:`~proxy.ops.trace.Trace`, which notes time to first byte and token usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy.errors import UpstreamError, UpstreamTimeoutError
+from proxy.ops.trace import Trace, current_trace
+
+__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
+
+# RFC 9110 section 7.6.1 connection-specific fields, plus the ones aiohttp
+# recomputes for the new hop (Host, Content-Length).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+"""Where clients put their API key (OpenAI SDK: Bearer; Anthropic SDK: either)."""
+
+
+def forwardable_headers(headers: Mapping[str, str], drop: Iterable[str] = ()) -> CIMultiDict[str]:
+    """Copy headers for the next hop, without hop-by-hop ones or those named in ``drop``.
+
+    Also drops any header that the ``Connection`` header names, as RFC 9110 asks.
+    """
+    skip = HOP_BY_HOP.union(drop) if drop else HOP_BY_HOP
+    connection = headers.get("connection")
+    if connection:
+        skip = skip | {h.strip().lower() for h in connection.split(",") if h.strip()}
+    # items() of a multidict yields every value of a repeated header.
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
+
+
+class Upstream:
+    """An OpenAI-compatible server that requests are forwarded to."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float | None = None,
+        api_key: str | None = None,
+        forward_credentials: bool = True,
+        reuses_connections: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._forward_credentials = forward_credentials
+        self._reuses_connections = reuses_connections
+        """False for an engine whose kept-alive connections break after a failed request (see EngineProfile)."""
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        """Open the pooled session; call from inside the running event loop."""
+        connector = (
+            aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            if self._reuses_connections
+            else aiohttp.TCPConnector(limit=0, force_close=True, enable_cleanup_closed=True)
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy must not keep one client's cookies for the next
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _describe(self, exc: BaseException) -> str:
+        detail = str(exc) or type(exc).__name__
+        return f"upstream {self.base_url}: {detail}"
+
+    @asynccontextmanager
+    async def open(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send a request; the block gets the response once its head has arrived.
+
+        The response is owned by the block: on exit it is released to the pool when its body was
+        read to the end, and closed (the connection dropped) otherwise.
+        """
+        response = await self._send(method, path_qs, headers, body)
+        try:
+            yield response
+        except BaseException:
+            response.close()
+            raise
+        if response.content.at_eof():
+            response.release()
+        else:
+            response.close()
+
+    async def _send(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+    ) -> aiohttp.ClientResponse:
+        """Send a request and return the response once its head has arrived."""
+        if self._session is None:
+            raise UpstreamError(f"upstream {self.base_url} is not started")
+        trace = current_trace()
+        headers = self._next_hop_headers(headers, trace)
+        if trace is not None:
+            trace.upstream_request(body)
+        try:
+            return await self._session.request(
+                method, self.base_url + path_qs, headers=headers, data=body, allow_redirects=False
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeoutError(f"upstream {self.base_url} did not answer in time") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(f"upstream {self.base_url} is unreachable: {exc.strerror or exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(self._describe(exc)) from exc
+
+    async def read(self, response: aiohttp.ClientResponse) -> bytes:
+        """The whole body; a broken or silent upstream raises an UpstreamError."""
+        return b"".join([chunk async for chunk in self.chunks(response)])
+
+    def _next_hop_headers(self, headers: Mapping[str, str], trace: Trace | None) -> Mapping[str, str]:
+        """The caller's headers with this upstream's credential policy and the request id applied."""
+        if self._api_key is None and self._forward_credentials and trace is None:
+            return headers
+        out = CIMultiDict(headers)
+        if self._api_key is not None or not self._forward_credentials:
+            for name in CREDENTIAL_HEADERS:
+                out.popall(name, None)
+        if self._api_key is not None:
+            out["Authorization"] = f"Bearer {self._api_key}"
+        if trace is not None:
+            out["X-Request-ID"] = trace.request_id
+        return out
+
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """Yield the body as it arrives; a broken or silent upstream raises an UpstreamError."""
+        trace = current_trace()
+        watch = None if trace is None else trace.watch(response.content_type, response.headers.get("Content-Encoding"))
+        try:
+            async for chunk in response.content.iter_any():
+                if watch is not None:
+                    watch.feed(chunk)
+                yield chunk
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeoutError(f"upstream {self.base_url} stopped sending") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"upstream {self.base_url} broke off the response: {exc}") from exc

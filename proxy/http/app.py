@@ -1,0 +1,80 @@
+"""The aiohttp application: one route table, the middlewares, and the engine client.
+
+Handlers decode, ask their dialect for a plan, and reach the engine through the one
+:class:`~proxy.engine.client.EngineClient`. Errors are raised, never caught to answer: the error
+middleware (:mod:`proxy.http.middleware`) turns them into responses in the route's dialect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.dialects.anthropic.routes import register_anthropic_routes
+from proxy.dialects.chat.routes import chat_completions
+from proxy.dialects.responses.routes import register_responses_routes
+from proxy.engine.client import Admission, EngineClient, admit_all
+from proxy.engine.plan import engine_setup
+from proxy.engine.upstream import Upstream
+from proxy.http.keys import ADMISSION, ENGINE, ENGINE_CLIENT, SETTINGS, UPSTREAM
+from proxy.http.middleware import error_middleware, error_response
+from proxy.http.probes import register_health_routes
+from proxy.http.relay import passthrough
+from proxy.ops.auth import keys_required
+from proxy.ops.operations import register_operations
+
+__all__ = [
+    "ADMISSION",
+    "ENGINE",
+    "ENGINE_CLIENT",
+    "Admission",
+    "create_app",
+    "error_response",
+    "SETTINGS",
+    "UPSTREAM",
+]
+
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    upstream = app[UPSTREAM]
+    await upstream.start()
+    yield
+    await upstream.close()
+
+
+def create_app(
+    settings: Settings, upstream: Upstream | None = None, admission: Admission = admit_all
+) -> web.Application:
+    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``)."""
+    setup = engine_setup(settings)
+    if upstream is None:
+        if not settings.upstream:
+            raise ValueError("an upstream URL is required")
+        upstream = Upstream(
+            settings.upstream,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.upstream_read_timeout,
+            api_key=settings.upstream_api_key,
+            forward_credentials=not keys_required(settings),
+            reuses_connections=setup.profile.reuses_connections,
+        )
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[UPSTREAM] = upstream
+    app[ENGINE] = setup
+    app[ADMISSION] = admission
+    app[ENGINE_CLIENT] = EngineClient(upstream, setup, admission)
+    app.cleanup_ctx.append(_upstream_ctx)
+    register_operations(app, settings, upstream.base_url, error_middleware)
+    # The route table: toolpair's own paths, then everything else to the engine as it is.
+    for path in CHAT_PATHS:
+        app.router.add_post(path, chat_completions)
+    register_anthropic_routes(app)
+    register_responses_routes(app)
+    register_health_routes(app)
+    app.router.add_route("*", "/{tail:.*}", passthrough, name="passthrough")
+    return app

@@ -1,0 +1,161 @@
+"""The byte relay: an engine's answer passed to the client as it is, chunk by chunk, never buffered whole.
+
+The fast path of the chat route (nothing to rewrite), the native Anthropic and Responses routes,
+and every other path (:func:`passthrough`). For a Chat Completions answer (``completions=True``) a
+few byte-level checks keep engine faults from passing as success, without parsing the stream: a
+successful plain body must be a completion object, every event must carry JSON, the stream must
+end with ``[DONE]``, and an error body that is not JSON becomes an error in the OpenAI shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.engine.client import EngineCall, decode_completion, engine_message, strip_cut_marker
+from proxy.engine.upstream import forwardable_headers
+from proxy.errors import Dialect, UpstreamError, UpstreamStatusError, error_event
+from proxy.http.body import read_body
+from proxy.http.keys import ENGINE_CLIENT, SETTINGS
+from proxy.sse import FrameSplitter
+
+__all__ = ["passthrough", "relay"]
+
+log = logging.getLogger("toolpair")
+
+# Response headers that no longer describe the bytes we send once we relay them.
+_RELAY_DROP = ("content-length", "content-encoding")
+# A plain (not event-stream) response up to this size is read whole and sent in
+# one write: fewer round trips through the event loop than a chunked relay.
+_BUFFER_LIMIT = 1 << 20
+
+
+async def relay(
+    request: web.Request,
+    call: EngineCall,
+    response: aiohttp.ClientResponse,
+    dialect: Dialect,
+    *,
+    raw: bool,
+    completions: bool = False,
+    on_empty: Callable[[], Awaitable[None]] | None = None,
+) -> web.StreamResponse:
+    """Relay an engine response to the client.
+
+    ``raw`` relays bytes untouched (content encoding and length included). Otherwise an event
+    stream is relayed whole frames at a time, so a failure can be reported in-band without a
+    half-written frame before it; the client's response starts with the first frame, so a stream
+    that ends before it is a plain HTTP error (``on_empty`` may raise the engine's own).
+    """
+    headers = forwardable_headers(response.headers, () if raw else _RELAY_DROP)
+    is_sse = response.content_type == "text/event-stream"
+    length = response.content_length
+    if not is_sse and length is not None and length <= _BUFFER_LIMIT and request.method != "HEAD":
+        body = await call.read(response)
+        if completions:
+            body = _check_completion(body, response.status, call.upstream.base_url)
+        return web.Response(status=response.status, reason=response.reason, headers=headers, body=body)
+    if raw and length is not None:
+        headers["Content-Length"] = str(length)
+    if is_sse:
+        headers["Cache-Control"] = "no-cache"
+        headers["X-Accel-Buffering"] = "no"
+    out = web.StreamResponse(status=response.status, reason=response.reason, headers=headers)
+    splitter = FrameSplitter() if is_sse and not raw else None
+    checks = _CompletionFrames(call.upstream.base_url) if completions and splitter is not None else None
+    try:
+        if splitter is None:
+            await out.prepare(request)
+        async for chunk in call.upstream.chunks(response):
+            if splitter is None:
+                await out.write(chunk)
+                continue
+            frames = splitter.feed(chunk)
+            if frames:
+                if checks is not None:
+                    checks.feed(frames)
+                if not out.prepared:
+                    await out.prepare(request)
+                await out.write(b"".join(frames))
+        if splitter is not None and splitter.pending.strip():
+            raise UpstreamError(f"upstream {call.upstream.base_url} ended its stream inside an event")
+        if not out.prepared:
+            if on_empty is not None:
+                await on_empty()
+            raise UpstreamError(f"upstream {call.upstream.base_url} ended its stream without sending anything")
+        if checks is not None:
+            checks.finish()
+    except UpstreamError as exc:
+        if not out.prepared:
+            raise
+        log.warning("%s %s: %s", request.method, request.path, exc.message)
+        if splitter is None:
+            # A plain body cannot carry an error any more: cut the connection so
+            # the client sees a truncated response rather than a short valid one.
+            if request.transport is not None:
+                request.transport.close()
+            return out
+        await out.write(error_event(exc, dialect))
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.info("%s %s: client went away", request.method, request.path)
+        return out
+    await out.write_eof()
+    return out
+
+
+def _check_completion(body: bytes, status: int, source: str) -> bytes:
+    """A Chat answer read whole: a success must be a completion, an error body must be JSON.
+
+    A reply cut by length loses the start of an end-of-turn marker it may end in.
+    """
+    if status < 400:
+        completion = decode_completion(body, source)
+        return orjson.dumps(completion) if strip_cut_marker(completion) else body
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise UpstreamStatusError(engine_message(body), status=status)
+    return body
+
+
+class _CompletionFrames:
+    """Byte-level checks on a relayed Chat stream: JSON events, ``[DONE]`` at the end."""
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+        self._done = False
+
+    def feed(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            if not frame.startswith(b"data:"):
+                continue  # a comment (ping) or another field
+            data = frame[5:].lstrip(b" ")
+            if data.startswith(b"[DONE]"):
+                self._done = True
+            elif not data.startswith(b"{") or (b'"choices"' not in data and b'"error"' not in data):
+                raise UpstreamError(f"upstream {self._source} sent an event that is not a completion chunk")
+
+    def finish(self) -> None:
+        if not self._done:
+            raise UpstreamError(
+                f"upstream {self._source} ended its stream without [DONE] "
+                "(llama-cpp-python does this when the prompt is longer than its context)"
+            )
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Forward any other route transparently: method, path, query, headers, body, status."""
+    settings = request.app[SETTINGS]
+    body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
+    headers = forwardable_headers(request.headers)
+    async with (
+        request.app[ENGINE_CLIENT].admitted(request) as call,
+        call.open(request.method, request.path_qs, headers, body) as response,
+    ):
+        return await relay(request, call, response, Dialect.OPENAI, raw=True)

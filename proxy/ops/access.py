@@ -1,0 +1,144 @@
+"""One trace, one access line and one set of metric samples per request.
+
+The outermost middleware. It gives the request its id (the client's valid
+``X-Request-ID``, or a new one), opens a :class:`~proxy.ops.trace.Trace`, runs
+everything else, and when the response is finished (the last byte of a stream
+included) writes the access line and records the metrics. The id goes back in
+the response's ``X-Request-ID`` header, set just before headers are sent.
+
+The access line holds the method, the path without its query string (where
+clients sometimes put keys), the route, status, duration, what ordering did,
+upstream time to first byte and token usage. Bodies appear only with
+``log_bodies: true``, on their own ``toolpair.body`` lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from proxy.http.paths import METRICS_PATH, PROBE_PATHS
+from proxy.ops.logs import accept_request_id
+from proxy.ops.metrics import Metrics
+from proxy.ops.privacy import hide_bodies, show_bodies
+from proxy.ops.trace import TRACE, Trace, bind, unbind
+from proxy.ops.usage import Usage
+
+__all__ = ["access_middleware", "route_label", "stamp_request_id"]
+
+access_log = logging.getLogger("toolpair.access")
+body_log = logging.getLogger("toolpair.body")
+
+CLIENT_CLOSED = 499
+"""Status recorded when the client left before an answer (nginx's convention)."""
+
+_SUMMARIZED = ("method", "path", "status", "duration_ms")
+"""Fields the access message already spells out; the text format leaves them out."""
+
+_QUIET = PROBE_PATHS | {METRICS_PATH}
+"""Polled every few seconds by machines: logged at debug level only."""
+
+
+def route_label(request: web.Request) -> str:
+    """A bounded name for the route that served ``request``: its name, else its path pattern."""
+    info = request.match_info
+    if info.http_exception is not None:
+        return "unmatched"
+    route = info.route
+    if route.name:
+        return route.name
+    resource = route.resource
+    return resource.canonical if resource is not None else "unknown"
+
+
+def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
+    """The middleware for one app: ``metrics`` is where its samples go."""
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        trace = Trace(accept_request_id(request.headers.get("X-Request-ID")), keep_bodies=log_bodies)
+        request[TRACE] = trace
+        token = bind(trace)
+        shown = show_bodies(log_bodies)
+        metrics.in_flight.inc()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            unbind(token)
+            hide_bodies(shown)
+            metrics.in_flight.dec()
+            duration = time.monotonic() - trace.started
+            route = route_label(request)
+            usage = trace.usage()
+            metrics.record(trace, route, status, duration, usage)
+            _log_access(request, trace, route, status, duration, usage)
+
+    return observe
+
+
+async def stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: return the request id, also on streams and on aiohttp's own errors."""
+    trace = request.get(TRACE)
+    if trace is not None:
+        response.headers["X-Request-ID"] = trace.request_id
+
+
+def _log_access(
+    request: web.Request, trace: Trace, route: str, status: int, duration: float, usage: Usage | None
+) -> None:
+    level = logging.DEBUG if request.path in _QUIET else logging.INFO
+    if not access_log.isEnabledFor(level):
+        _log_bodies(trace)
+        return
+    report = trace.report
+    ttfb = trace.upstream_ttfb
+    fields: dict[str, Any] = {
+        "method": request.method,
+        "path": request.path,
+        "route": route,
+        "status": status,
+        "duration_ms": round(duration * 1000, 1),
+        "runs_reordered": report.reordered,
+        "runs_in_order": report.in_order,
+        "runs_kept": dict(sorted(report.kept.items())),
+        "upstream_ttfb_ms": round(ttfb * 1000, 1) if ttfb is not None else None,
+        "queue_wait_ms": round(trace.queue_wait * 1000, 1) if trace.queue_wait is not None else None,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "completion_tokens": usage.completion_tokens if usage else None,
+        "tool_calls_extracted": trace.toolcalls_extracted or None,
+        "tool_call_failures": trace.toolcalls_failed or None,
+    }
+    access_log.log(
+        level,
+        "%s %s %d %.1fms",
+        request.method,
+        request.path,
+        status,
+        duration * 1000,
+        extra={"fields": fields, "request_id": trace.request_id, "summarized": _SUMMARIZED},
+    )
+    _log_bodies(trace)
+
+
+def _log_bodies(trace: Trace) -> None:
+    if trace.keep_bodies:
+        tag = {"request_id": trace.request_id}
+        if trace.sent_body is not None:
+            body_log.info("to engine: %s", trace.sent_body.decode("utf-8", "replace"), extra=tag)
+        for watch in trace.watches:
+            if watch.body is not None:
+                body_log.info("from engine: %s", watch.body.decode("utf-8", "replace"), extra=tag)

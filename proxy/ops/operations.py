@@ -1,0 +1,67 @@
+"""Everything an operator needs around the proxy, installed on an app in one call.
+
+:func:`register_operations` adds, in this order:
+
+1. the access middleware (request id, trace, access line, metrics), outermost,
+   so that refused requests are logged and counted too;
+2. the API-key middleware, when keys are configured;
+3. ``GET /metrics`` and ``GET /toolpair/status``;
+4. a start-up warning when the listener is reachable beyond loopback and asks
+   for no key.
+
+Call it from ``create_app`` after ``SETTINGS`` and ``UPSTREAM`` are set and
+before the catch-all passthrough route is added.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from proxy.config import Settings
+from proxy.http.paths import METRICS_PATH, STATUS_PATH
+from proxy.ops.access import access_middleware, stamp_request_id
+from proxy.ops.auth import auth_middleware, exposure_warning, keys_required, load_keys, open_paths
+from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
+from proxy.ops.metrics import METRICS, Metrics, metrics_handler
+from proxy.ops.status import STARTED_AT, status_handler
+
+__all__ = ["register_operations"]
+
+log = logging.getLogger("toolpair")
+
+
+def register_operations(
+    app: web.Application, settings: Settings, upstream_url: str, error_middleware: Middleware
+) -> None:
+    """Install keys, metrics, access logs and the status route on ``app``.
+
+    ``error_middleware`` goes inside the access log (which records the status it answers) and
+    outside the key check (whose refusals it answers).
+    """
+    keys = load_keys(settings) if keys_required(settings) else None
+
+    def engine_snapshot() -> EngineSnapshot | None:
+        probe = app.get(ENGINE_PROBE)
+        return probe() if probe is not None else None
+
+    metrics = Metrics(engine_snapshot)
+    app[METRICS] = metrics
+    app[STARTED_AT] = time.monotonic()
+    app.middlewares.append(access_middleware(metrics, settings.log_bodies))
+    app.middlewares.append(error_middleware)
+    if keys is not None:
+        app.middlewares.append(auth_middleware(keys, open_paths(settings)))
+    app.on_response_prepare.append(stamp_request_id)
+    app.router.add_get(METRICS_PATH, metrics_handler(metrics), name="metrics")
+    app.router.add_get(STATUS_PATH, status_handler(upstream_url, keys is not None), name="status")
+
+    async def warn_if_exposed(app: web.Application) -> None:
+        warning = exposure_warning(settings.host, keys is not None)
+        if warning is not None:
+            log.warning(warning)
+
+    app.on_startup.append(warn_if_exposed)

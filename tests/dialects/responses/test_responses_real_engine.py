@@ -1,0 +1,113 @@
+"""/v1/responses translated onto the real llama-cpp-python engine, with a tap recording what it receives.
+
+The model is tiny: these tests check structure and what reached the engine, not answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from proxy.config import Settings
+from proxy.http.app import create_app
+from tests.conftest import start_app
+from tests.real_engine import RealEngine
+
+pytestmark = pytest.mark.asyncio
+
+
+@dataclass
+class Tap:
+    """A pass-through in front of the engine that keeps every request body it forwards."""
+
+    target: str
+    bodies: list[Any] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.bodies.append(orjson.loads(body) if body else None)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(request.method, self.target + request.path_qs, data=body, headers=headers) as upstream,
+        ):
+            out = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.content_type})
+            await out.prepare(request)
+            async for piece in upstream.content.iter_any():
+                await out.write(piece)
+            await out.write_eof()
+            return out
+
+
+@pytest.fixture
+async def tapped(real_engine: RealEngine) -> AsyncIterator[tuple[str, Tap]]:
+    tap = Tap(real_engine.url)
+    tap_app = web.Application()
+    tap_app.router.add_route("*", "/{tail:.*}", tap.handle)
+    tap_runner, tap_url = await start_app(tap_app)
+    runner, url = await start_app(create_app(Settings(upstream=tap_url)))
+    yield url, tap
+    await runner.cleanup()
+    await tap_runner.cleanup()
+
+
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "strict": False,
+    },
+    {"type": "web_search"},
+]
+INPUT: list[Any] = [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Answer in one short line."}]},
+    {"role": "user", "content": "Weather in Paris and Oslo?"},
+    {"type": "function_call", "id": "fc_1", "status": "completed", "call_id": "call_paris", "name": "get_weather",
+     "arguments": '{"city": "Paris"}'},
+    {"type": "function_call", "id": "fc_2", "status": "completed", "call_id": "call_oslo", "name": "get_weather",
+     "arguments": '{"city": "Oslo"}'},
+    {"type": "function_call_output", "id": "fco_2", "call_id": "call_oslo", "output": "Oslo: -3C, snow"},
+    {"type": "function_call_output", "id": "fco_1", "call_id": "call_paris", "output": "Paris: 18C, sun"},
+]  # fmt: skip
+
+
+async def test_responses_round_trip_on_the_real_engine(tapped: tuple[str, Tap], real_engine: RealEngine) -> None:
+    url, tap = tapped
+    async with AsyncOpenAI(base_url=url + "/v1", api_key=real_engine.api_key, max_retries=0) as sdk:
+        whole = await sdk.responses.create(
+            model="gemma", input=INPUT, tools=TOOLS, max_output_tokens=8, temperature=0, store=False
+        )
+        stream = await sdk.responses.create(
+            model="gemma", input=INPUT, tools=TOOLS, max_output_tokens=8, temperature=0, stream=True
+        )
+        events = [event async for event in stream]
+
+    for sent in tap.bodies:
+        messages = sent["messages"]
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool"]
+        assert [m["tool_call_id"] for m in messages[3:]] == ["call_paris", "call_oslo"]
+        assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather"]
+        assert sent["max_tokens"] == 8
+    assert len(tap.bodies) == 2 and tap.bodies[1]["stream"] is True
+
+    assert whole.status in ("completed", "incomplete") and whole.id.startswith("resp_")
+    assert whole.usage is not None and whole.usage.input_tokens > 20 and 0 < whole.usage.output_tokens <= 8
+    assert all(item.type in ("message", "function_call", "reasoning") for item in whole.output)
+
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.id == events[0].response.id  # type: ignore[union-attr]
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == final.output_text
+    if whole.status == "incomplete":
+        assert whole.incomplete_details is not None and whole.incomplete_details.reason == "max_output_tokens"

@@ -1,0 +1,95 @@
+"""The shape of proxy/: its import graph has no cycle, and no proxy import hides inside a function.
+
+A function-local import is how a cycle gets hidden; with none, the module-level graph is the whole
+graph, and the check below sees every edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PROXY = Path(__file__).resolve().parents[2] / "proxy"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PROXY.rglob("*.py"):
+        parts = path.relative_to(PROXY.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def _imports(tree: ast.Module, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """Every proxy module this tree imports, with the column of the import statement."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("proxy"):
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [(name, node.col_offset) for name in names if name in modules]
+    return found
+
+
+_DELIBERATE = {
+    # The entry point picks a subcommand before loading it: normalize starts without the server.
+    ("proxy.__main__", "proxy.normalize.cli"),
+    ("proxy.__main__", "proxy.normalize.cli.main"),
+    ("proxy.__main__", "proxy.cli"),
+    ("proxy.__main__", "proxy.cli.main"),
+    # Parquet needs pyarrow, an optional extra.
+    ("proxy.normalize.cli", "proxy.normalize.parquet"),
+    ("proxy.normalize.cli", "proxy.normalize.parquet.ParquetInput"),
+    ("proxy.normalize.cli", "proxy.normalize.parquet.normalize_parquet"),
+}
+"""Function-local imports with a reason other than a cycle."""
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    local = []
+    for name, path in modules.items():
+        for target, column in _imports(ast.parse(path.read_text()), modules):
+            if column and (name, target) not in _DELIBERATE:
+                local.append(f"{name} imports {target} inside a block")
+            elif target != name:
+                graph[name].add(target)
+    return graph, local
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_proxy_imports_form_no_cycle_and_none_hides_in_a_function() -> None:
+    graph, local = _graph()
+    assert local == []
+    assert _cycle(graph) is None
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
