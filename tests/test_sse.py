@@ -78,6 +78,20 @@ def test_byte_at_a_time() -> None:
     assert frames == feed_split(FrameSplitter, STREAM, [])
 
 
+def test_frame_splitter_on_lf_only_streams_cuts_where_the_spec_does() -> None:
+    """Streams without a CR take a faster path; it must cut exactly where the general one does."""
+    data = b"data: a\n\n\ndata: b\n\ndata: c\n\n\n\nrest"
+    expected = [b"data: a\n\n", b"\ndata: b\n\n", b"data: c\n\n", b"\n\n"]
+    for cut in range(len(data) + 1):
+        splitter = FrameSplitter()
+        assert splitter.feed(data[:cut]) + splitter.feed(data[cut:]) == expected, cut
+        assert splitter.pending == b"rest"
+    # A stream that turns to CR line ends halfway goes on from the same state.
+    mixed = b"data: a\n\ndata: b\n" + b"\r\ndata: c\r\n\r\n"
+    for cut in range(len(mixed) + 1):
+        assert feed_split(FrameSplitter, mixed, [cut]) == [b"data: a\n\n", b"data: b\n\r\n", b"data: c\r\n\r\n"], cut
+
+
 def test_encode_event_round_trips() -> None:
     raw = encode_event("a\nb", "x") + encode_event(b"{}")
     assert raw == b"event: x\ndata: a\ndata: b\n\ndata: {}\n\n"
