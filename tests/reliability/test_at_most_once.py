@@ -193,9 +193,12 @@ async def test_requests_toolpair_refuses_never_reach_the_engine(engine: MockEngi
                 refused[name] = refused.get(name, 0) + 1
             # A full queue: one request holds the engine's only slot, no place to wait.
             engine.then(_silent)
+            sent = len(engine.received)
             holder = asyncio.create_task(post(url, api, body(api), headers=key, deadline=30))
-            for _ in range(200):
-                if queue.active == 1:
+            # Admitted is not yet arrived: wait until the holder's request is at the engine too, or
+            # on a busy machine it lands after ``before`` is read and looks like the refused one.
+            for _ in range(500):
+                if queue.active == 1 and len(engine.received) > sent:
                     break
                 await asyncio.sleep(0.01)
             before = len(engine.received)
