@@ -47,6 +47,15 @@ def _add_listen_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    # shared Responses store for replicas (issue 14)
+    parser.add_argument(
+        "--responses-store",
+        metavar="WHERE",
+        help="where stored Responses live: memory (default) or redis://HOST:PORT/DB, shared by replicas",
+    )
+
+
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-kind",
@@ -84,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(translate); auto: native for llama-server, translate otherwise",
     )
     _add_engine_options(proxy)
+    _add_store_options(proxy)
     proxy.add_argument(
         "--messages-mode",
         choices=["auto", "native", "translate"],
@@ -103,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     serve.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled model)")
+    _add_store_options(serve)
     _add_listen_options(serve)
     serve.set_defaults(run=_run_serve)
 
@@ -176,7 +187,9 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
+    settings = _settings(
+        args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format", "responses_store"
+    )
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings)
@@ -239,7 +252,7 @@ def _run_normalize(args: argparse.Namespace) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from proxy.serve import plan_serve, run_serve
 
-    settings = _settings(args, "model")
+    settings = _settings(args, "model", "responses_store")
     _setup_logging(settings)
     plan = plan_serve(settings)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
