@@ -67,17 +67,51 @@ class FrameSplitter:
         frames: list[bytes] = []
         start = 0
         position = max(0, self._scanned - 3)
-        while True:
-            match = _FRAME_END.search(buffer, position, limit)
-            if match is None:
-                break
-            frames.append(buffer[start : match.end()])
-            start = position = match.end()
+        if b"\r" in buffer:
+            while True:
+                match = _FRAME_END.search(buffer, position, limit)
+                if match is None:
+                    break
+                frames.append(buffer[start : match.end()])
+                start = position = match.end()
+        else:
+            # Without a CR the pattern can only match LF LF, and bytes.find finds the same
+            # leftmost match about twenty times faster than the regex (most engines send LF only).
+            while (end := buffer.find(b"\n\n", position, limit)) >= 0:
+                frames.append(buffer[start : end + 2])
+                start = position = end + 2
         self._buffer = buffer[start:]
         if len(self._buffer) > MAX_EVENT_BYTES:
             raise EventTooLargeError(MAX_EVENT_BYTES)
         self._scanned = limit - start
         return frames
+
+    def feed_whole(self, chunk: bytes) -> bytes:
+        """Like :meth:`feed`, with the whole frames as one piece of bytes: what a relay writes.
+
+        Cuts where :meth:`feed` cuts and leaves the same state, but an LF-only stream costs one
+        ``rfind`` per chunk instead of a slice per frame.
+
+        >>> s = FrameSplitter(); s.feed_whole(b"data: a\\n\\ndata: b\\n\\ndata: c"), s.pending
+        (b'data: a\\n\\ndata: b\\n\\n', b'data: c')
+        """
+        buffer = self._buffer + chunk if self._buffer else chunk
+        if b"\r" in buffer:
+            return b"".join(self.feed(chunk))
+        last = buffer.rfind(b"\n\n", max(0, self._scanned - 3))
+        end = 0
+        if last >= 0:
+            # feed matches LF LF pairs left to right without overlap, so within a run of LFs its
+            # last cut falls after an even number of them, counted from the run's first LF.
+            run = last
+            while run > 0 and buffer[run - 1] == 0x0A:
+                run -= 1
+            end = run + (last + 2 - run) // 2 * 2
+        self._buffer = buffer[end:]
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise EventTooLargeError(MAX_EVENT_BYTES)
+        self._scanned = len(buffer) - end
+        return buffer[:end]
 
     @property
     def pending(self) -> bytes:

@@ -15,9 +15,9 @@ data of its own, so nothing here can leak a key or a prompt.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
-import uuid
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -55,7 +55,7 @@ def accept_request_id(value: str | None) -> str:
     """
     if value is not None and _REQUEST_ID.fullmatch(value):
         return value
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID per request
 
 
 class _RequestIdFilter(logging.Filter):

@@ -142,8 +142,13 @@ class Metrics:
         if ttfb is not None:
             timers[1].observe(ttfb)
         for api, report in trace.orders:
-            self.runs_reordered.labels(api).inc(report.reordered)
-            self.runs_in_order.labels(api).inc(report.in_order)
+            runs = children.get(("runs", api))
+            if runs is None:
+                runs = children[("runs", api)] = (self.runs_reordered.labels(api), self.runs_in_order.labels(api))
+            if report.reordered:
+                runs[0].inc(report.reordered)
+            if report.in_order:
+                runs[1].inc(report.in_order)
             for reason, count in report.kept.items():
                 self.runs_kept.labels(api, reason).inc(count)
         if trace.toolcalls_extracted:
@@ -152,11 +157,17 @@ class Metrics:
             self.toolcall_failures.inc(trace.toolcalls_failed)
         if trace.queue_wait is not None:
             self.queue_wait.observe(trace.queue_wait)
-        if usage is not None:
+        if usage is not None and (usage.prompt_tokens or usage.completion_tokens):
+            tokens = children.get(("tokens", route))
+            if tokens is None:
+                tokens = children[("tokens", route)] = (
+                    self.prompt_tokens.labels(route),
+                    self.completion_tokens.labels(route),
+                )
             if usage.prompt_tokens:
-                self.prompt_tokens.labels(route).inc(usage.prompt_tokens)
+                tokens[0].inc(usage.prompt_tokens)
             if usage.completion_tokens:
-                self.completion_tokens.labels(route).inc(usage.completion_tokens)
+                tokens[1].inc(usage.completion_tokens)
 
     def totals(self) -> dict[str, int]:
         """Counter totals over all labels, for ``/toolpair/status``."""

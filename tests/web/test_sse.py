@@ -78,6 +78,35 @@ def test_byte_at_a_time() -> None:
     assert frames == feed_split(FrameSplitter, STREAM, [])
 
 
+def test_frame_splitter_on_lf_only_streams_cuts_where_the_spec_does() -> None:
+    """Streams without a CR take a faster path; it must cut exactly where the general one does."""
+    data = b"data: a\n\n\ndata: b\n\ndata: c\n\n\n\nrest"
+    expected = [b"data: a\n\n", b"\ndata: b\n\n", b"data: c\n\n", b"\n\n"]
+    for cut in range(len(data) + 1):
+        splitter = FrameSplitter()
+        assert splitter.feed(data[:cut]) + splitter.feed(data[cut:]) == expected, cut
+        assert splitter.pending == b"rest"
+    # A stream that turns to CR line ends halfway goes on from the same state.
+    mixed = b"data: a\n\ndata: b\n" + b"\r\ndata: c\r\n\r\n"
+    for cut in range(len(mixed) + 1):
+        assert feed_split(FrameSplitter, mixed, [cut]) == [b"data: a\n\n", b"data: b\n\r\n", b"data: c\r\n\r\n"], cut
+
+
+@given(
+    st.lists(st.sampled_from([b"data: x", b"\n", b"\n\n", b"\n\n\n", b": c\n", b"\r\n", b"\r"]), max_size=30),
+    st.lists(st.integers(0, 200), max_size=8),
+)
+def test_feed_whole_cuts_where_feed_cuts(parts: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(parts)
+    by_frame, whole = FrameSplitter(), FrameSplitter()
+    previous = 0
+    for cut in [*sorted(c for c in cuts if c <= len(data)), len(data)]:
+        piece = data[previous:cut]
+        previous = cut
+        assert whole.feed_whole(piece) == b"".join(by_frame.feed(piece)), (data, cuts)
+        assert whole.pending == by_frame.pending
+
+
 def test_encode_event_round_trips() -> None:
     raw = encode_event("a\nb", "x") + encode_event(b"{}")
     assert raw == b"event: x\ndata: a\ndata: b\n\ndata: {}\n\n"
@@ -91,6 +120,10 @@ def test_an_endless_event_is_refused_not_buffered_forever() -> None:
             transducer.feed(b"data: ")
             for _ in range(5):
                 transducer.feed(big)
+    with pytest.raises(EventTooLargeError):
+        splitter = FrameSplitter()
+        for _ in range(5):
+            splitter.feed_whole(big)
     # Many data lines of one event count together.
     decoder = EventDecoder()
     line = b"data: " + b"y" * (1 << 20) + b"\n"
