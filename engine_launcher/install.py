@@ -198,7 +198,7 @@ def _locked(directory: Path) -> Iterator[None]:
 def download_command(python: str, requirement: str, dest: Path) -> list[str]:
     """pip's command to fetch the source distribution the wheel is then built from."""
     return [
-        python, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--no-binary", ":all:",
+        python, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--no-binary", "llama-cpp-python",
         "--disable-pip-version-check", "-v", requirement, "-d", str(dest),
     ]  # fmt: skip
 
