@@ -90,7 +90,10 @@ def unreachable(endpoints: Sequence[str], timeout: float = _CONNECT_TIMEOUT) -> 
 
 def _register(endpoints: Sequence[str]) -> list[str]:
     """Add each worker's devices to ggml's registry, as llama.cpp's own ``--rpc`` does."""
-    from llama_cpp._ggml import libggml as ggml  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    # Through libllama's handle: dlsym searches libllama and then the libraries it links, so these are the
+    # functions of the very ggml (and registry) the model loader uses. Loading libggml by its path would
+    # map a second copy (the wheel holds copies, not symlinks) with a registry of its own.
+    from llama_cpp.llama_cpp import _lib as ggml  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
     ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]

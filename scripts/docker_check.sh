@@ -18,7 +18,7 @@ IMAGE=${IMAGE:-toolpair:cpu}
 BASE_IMAGE=python:3.11-slim-bookworm
 WORK=${DOCKER_CHECK_DIR:-/var/tmp/toolpair-docker-check}
 PORT=${DOCKER_CHECK_PORT:-18787}
-GRACE=30
+GRACE=10  # docker stop's default
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NAME=toolpair-docker-check
 
@@ -130,13 +130,14 @@ check_run() {
     local what=$1; shift
     cleanup
     "$DOCKER" run -d --name "$NAME" -p "127.0.0.1:$PORT:8787" "$@" >/dev/null
-    local started; started=$(now)
-    for _ in $(seq 240); do
-        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/ready', timeout=2)" \
-            2>/dev/null && break
+    local started ready=no; started=$(now)
+    for _ in $(seq 600); do
+        if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/ready', timeout=2)" \
+            2>/dev/null; then ready=yes; break; fi
         [[ $("$DOCKER" inspect -f '{{.State.Running}}' "$NAME") == true ]] || { "$DOCKER" logs "$NAME" >&2; fail "$what: exited"; }
         sleep 0.5
     done
+    [[ $ready == yes ]] || { "$DOCKER" logs "$NAME" 2>&1 | tail -n 20 >&2; fail "$what: not ready within 300s"; }
     READY_S=$(since "$started")
     local answer; answer=$(chat) || { "$DOCKER" logs "$NAME" 2>&1 | tail -n 20 >&2; fail "$what: no chat answer"; }
     local uid; uid=$("$DOCKER" exec "$NAME" id -u)
@@ -173,7 +174,7 @@ MOUNTED_READY=$READY_S MOUNTED_STOP=$STOP_S
 chmod 0600 "$MODELS/model.gguf"
 cleanup
 set +e
-LOG=$("$DOCKER" run --name "$NAME" -v "$MODELS:/models:ro" "$IMAGE" --model /models/model.gguf 2>&1)
+LOG=$(timeout 120 "$DOCKER" run --name "$NAME" -v "$MODELS:/models:ro" "$IMAGE" --model /models/model.gguf 2>&1)
 CODE=$?
 set -e
 [[ $CODE != 0 ]] || fail "an unreadable model did not fail"
