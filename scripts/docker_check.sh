@@ -163,6 +163,7 @@ BUNDLED_READY=$READY_S BUNDLED_STOP=$STOP_S
 # The bundled model, copied out of the image, as a user's mounted model.
 MODELS=$WORK/models
 rm -rf "$MODELS" && mkdir -p "$MODELS"
+cleanup
 "$DOCKER" create --name "$NAME" "$IMAGE" >/dev/null
 MODEL_IN_IMAGE=$("$DOCKER" run --rm --entrypoint sh "$IMAGE" -c 'ls /opt/toolpair/cache/models/*.gguf' | head -n1)
 "$DOCKER" cp "$NAME:$MODEL_IN_IMAGE" "$MODELS/model.gguf"
