@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench bench-normalize clean system-deps scale-check
+.PHONY: test lint unit serve bench bench-normalize clean system-deps scale-check docker-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ bench: $(VENV)/.deps-test
 
 bench-normalize: $(VENV)/.deps-test
 	$(PY) bench/normalize_throughput.py
+
+# Build the CPU image and show it working: bundled and mounted model, health, non-root, docker stop,
+# an unreadable model (docs/docker.md). Needs root; installs docker.io and debootstrap when missing.
+# Not part of `make test`: the image build alone takes about ten minutes on a small machine.
+docker-check:
+	scripts/docker_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -28,6 +28,7 @@ __all__ = [
     "Detection",
     "NvidiaGpu",
     "Probes",
+    "RPC_FLAG",
     "SystemProbes",
     "build_plan",
     "detect_backend",
@@ -332,6 +333,9 @@ def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None 
 # --- build settings --------------------------------------------------------------------------
 
 
+RPC_FLAG = "-DGGML_RPC=ON"
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """What pip needs to build llama-cpp-python for one backend."""
@@ -356,6 +360,8 @@ def build_plan(detection: Detection, env: Mapping[str, str], probes: Probes) -> 
     """CMake flags and environment for ``detection.backend``; the user's ``CMAKE_ARGS`` come last."""
     backend = detection.backend
     extra = tuple(env.get("CMAKE_ARGS", "").split())
+    # Every build can split a model across `toolpair rpc-worker` machines (llama.cpp RPC).
+    common = (RPC_FLAG,)
     build_env: dict[str, str] = {}
     problems: list[str] = []
     if backend is Backend.CPU:
@@ -395,8 +401,8 @@ def build_plan(detection: Detection, env: Mapping[str, str], probes: Probes) -> 
         args = ("-DGGML_VULKAN=on",)
         if probes.which("glslc") is None:
             problems.append("glslc not found: install the Vulkan SDK (libvulkan-dev and glslc)")
-    build_env["CMAKE_ARGS"] = " ".join((*args, *extra))
-    return BuildPlan(backend, (*args, *extra), build_env, tuple(problems))
+    build_env["CMAKE_ARGS"] = " ".join((*common, *args, *extra))
+    return BuildPlan(backend, (*common, *args, *extra), build_env, tuple(problems))
 
 
 _HINTS = {

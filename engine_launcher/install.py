@@ -1,11 +1,20 @@
 """``toolpair engine install``: build llama-cpp-python for a backend, install it, verify it.
 
 Wheels are built with ``pip wheel --no-cache-dir`` into a directory of their
-own per backend (``$TOOLPAIR_CACHE/wheels/<backend>/``) and installed from
-there with ``--only-binary --find-links``. pip's wheel cache is keyed by the
-source, not by ``CMAKE_ARGS``, so it could hand back a CPU wheel for a CUDA
-request; keeping it out of the loop makes that impossible. A wheel already in
-the directory, built with the same CMake flags, is reused: builds take minutes.
+own per backend and set of CMake flags (``$TOOLPAIR_CACHE/wheels/<backend>/
+flags-<digest>/``) and installed from there with ``--only-binary
+--find-links``. pip's wheel cache is keyed by the source, not by
+``CMAKE_ARGS``, so it could hand back a CPU wheel for a CUDA request; keeping
+it out of the loop makes that impossible. A wheel already in the directory is
+reused: builds take minutes, and a directory per set of flags means that
+switching flags back and forth never rebuilds (nor throws away) either build.
+
+Every build has llama.cpp's RPC backend on. The source the wheel is built from
+is downloaded first, and ``rpc-server.cpp`` and ggml's headers are kept next to
+the wheel; installing compiles that one file against the installed engine's own
+ggml libraries into ``<prefix>/bin/rpc-server``, so a worker always speaks the
+RPC protocol of the engine that connects to it (and a GPU build's worker offers
+that GPU). ``toolpair rpc-worker`` runs it.
 
 After installing, the engine is imported in the target interpreter: a GPU
 backend must report ``llama_supports_gpu_offload()``. What was installed is
@@ -16,13 +25,16 @@ decide GPU offload and to warn when the build does not match the machine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections import deque
@@ -39,11 +51,13 @@ __all__ = [
     "BuildProgress",
     "EngineRecord",
     "InstallError",
+    "build_directory",
     "build_wheel",
     "cached_wheel",
     "install_engine",
     "read_record",
     "record_path",
+    "rpc_server_command",
     "wheel_command",
     "wheel_dir",
 ]
@@ -51,6 +65,9 @@ __all__ = [
 LLAMA_CPP_VERSION = "0.3.36"
 REQUIREMENT = f"llama-cpp-python=={LLAMA_CPP_VERSION}"
 _LOG_TAIL = 30
+RPC_SOURCE = "rpc-server-src"
+"""Next to the wheel: the sdist's ``tools/rpc/rpc-server.cpp`` and ``ggml/include``, for ``rpc-server``."""
+RPC_SERVER = "rpc-server"
 
 
 class InstallError(RuntimeError):
@@ -68,6 +85,8 @@ class EngineRecord:
     gpu_offload: bool | None
     """None when it could not be checked (no device of that kind where it was installed)."""
     cmake_args: list[str]
+    rpc_server: str | None = None
+    """The ``rpc-server`` built against this engine's ggml, or None (an engine built without RPC)."""
 
     @property
     def gpu(self) -> bool:
@@ -96,6 +115,16 @@ def wheel_dir(backend: Backend, cache: Path | None = None) -> Path:
     return (cache or cache_root()) / "wheels" / backend.value
 
 
+def build_directory(backend: Backend, cmake_args: Sequence[str], cache: Path | None = None) -> Path:
+    """Where the wheel for ``backend`` built with exactly ``cmake_args`` lives.
+
+    >>> build_directory(Backend.CPU, ["-DGGML_RPC=ON"], Path("/c")).parent
+    PosixPath('/c/wheels/cpu')
+    """
+    digest = hashlib.sha256("\0".join(cmake_args).encode()).hexdigest()[:12]
+    return wheel_dir(backend, cache) / f"flags-{digest}"
+
+
 def cached_wheel(directory: Path, version: str = LLAMA_CPP_VERSION) -> Path | None:
     """The newest llama-cpp-python wheel of ``version`` in ``directory``."""
     wheels = sorted(directory.glob(f"llama_cpp_python-{version}-*.whl"), key=lambda p: p.stat().st_mtime)
@@ -120,6 +149,9 @@ class BuildProgress:
     >>> progress = BuildProgress()
     >>> progress.feed("[ 12%] Building C object ggml.c.o"), progress.feed("[ 12%] Linking")
     ('compiling 12%', None)
+    >>> progress.feed("[97/193] /usr/bin/g++ -c llama.cpp")
+    'compiling 50%'
+
     """
 
     def __init__(self) -> None:
@@ -128,8 +160,11 @@ class BuildProgress:
     def feed(self, line: str) -> str | None:
         status = self.status
         percent = re.match(r"^\s*\[\s*(\d{1,3})%\]", line)
+        steps = re.match(r"^\s*\[(\d+)/(\d+)\]", line)  # ninja's "[done/total]"
         if percent:
             status = f"compiling {int(percent.group(1))}%"
+        elif steps and int(steps.group(2)) > 0:
+            status = f"compiling {int(steps.group(1)) * 100 // int(steps.group(2))}%"
         elif line.startswith(("Collecting", "Downloading", "Obtaining", "Processing")):
             status = "fetching sources"
         elif "Getting requirements to build wheel" in line or "Installing build dependencies" in line:
@@ -160,12 +195,42 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _build_info(directory: Path) -> dict[str, object] | None:
-    try:
-        data = json.loads((directory / "build.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def download_command(python: str, requirement: str, dest: Path) -> list[str]:
+    """pip's command to fetch the source distribution the wheel is then built from."""
+    return [
+        python, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--no-binary", "llama-cpp-python",
+        "--disable-pip-version-check", "-v", requirement, "-d", str(dest),
+    ]  # fmt: skip
+
+
+def keep_rpc_source(sdist: Path, dest: Path) -> bool:
+    """Copy ``rpc-server.cpp`` and ggml's public headers out of the sdist; False when it has none."""
+    wanted = "/vendor/llama.cpp/tools/rpc/rpc-server.cpp"
+    headers = "/vendor/llama.cpp/ggml/include/"
+    scratch = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(scratch, ignore_errors=True)
+    (scratch / "include").mkdir(parents=True)
+    found = False
+    with tarfile.open(sdist) as archive:
+        for member in archive:
+            if not member.isfile():
+                continue
+            name = "/" + member.name.split("/", 1)[-1]
+            if name.endswith(wanted):
+                target, found = scratch / "rpc-server.cpp", True
+            elif name.startswith(headers) and name.endswith(".h") and "/" not in name[len(headers) :]:
+                target = scratch / "include" / name.rsplit("/", 1)[1]
+            else:
+                continue
+            source = archive.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+    shutil.rmtree(dest, ignore_errors=True)
+    if not found:
+        shutil.rmtree(scratch)
+        return False
+    scratch.rename(dest)
+    return True
 
 
 def build_wheel(
@@ -177,10 +242,11 @@ def build_wheel(
     env: Mapping[str, str] | None = None,
     out: TextIO = sys.stderr,
 ) -> Path:
-    """Build one wheel into ``directory``; show progress; on failure raise with the log's tail.
+    """Fetch the source and build one wheel from it into ``directory``; on failure raise with the log's tail.
 
     The wheel is built in a scratch directory and moved in only when the
     build succeeded, so a failed or interrupted build never leaves a wheel.
+    The RPC server's source is kept next to it (see the module docstring).
     """
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / "build.log"
@@ -189,23 +255,21 @@ def build_wheel(
     progress = BuildProgress()
     tail: deque[str] = deque(maxlen=_LOG_TAIL)
     interactive = out.isatty()
-    _say(out, f"building {requirement} for {plan.backend.value} (CMAKE_ARGS={plan.env.get('CMAKE_ARGS', '')!r})")
-    _say(out, f"  this takes several minutes; full log: {log_path}")
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as scratch, log_path.open("w") as log:
+    last_shown = [0.0]
+
+    def step(command: list[str], log: TextIO) -> int:
         process = subprocess.Popen(
-            wheel_command(python, requirement, Path(scratch)),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=build_env, text=True, errors="replace",
         )  # fmt: skip
         assert process.stdout is not None
-        last_shown = 0.0
         for line in process.stdout:
             log.write(line)
             tail.append(line.rstrip("\n"))
             status = progress.feed(line)
             now = time.monotonic()
-            if status is not None or now - last_shown > 30:
-                last_shown = now
+            if status is not None or now - last_shown[0] > 30:
+                last_shown[0] = now
                 elapsed = int(now - started)
                 text = f"  {progress.status} ({elapsed // 60}m{elapsed % 60:02d}s)"
                 print(
@@ -214,10 +278,19 @@ def build_wheel(
                     file=out,
                     flush=True,
                 )
-        code = process.wait()
+        return process.wait()
+
+    _say(out, f"building {requirement} for {plan.backend.value} (CMAKE_ARGS={plan.env.get('CMAKE_ARGS', '')!r})")
+    _say(out, f"  this takes several minutes; full log: {log_path}")
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as scratch, log_path.open("w") as log:
+        sources, wheels = Path(scratch) / "source", Path(scratch) / "wheel"
+        code = step(download_command(python, requirement, sources), log)
+        sdists = sorted(sources.glob("*.tar.gz")) if code == 0 else []
+        if sdists:
+            code = step(wheel_command(python, str(sdists[0]), wheels), log)
         if interactive:
             print(file=out)
-        built = sorted(Path(scratch).glob("*.whl"))
+        built = sorted(wheels.glob("*.whl"))
         if code != 0 or not built:
             shown = "\n".join(f"  | {line}" for line in tail)
             raise InstallError(
@@ -225,6 +298,8 @@ def build_wheel(
                 f"last lines of {log_path}:\n{shown}\n"
                 f"a {plan.backend.value} build needs {install_hint(plan.backend)}."
             )
+        if not keep_rpc_source(sdists[0], directory / RPC_SOURCE):
+            _say(out, f"  warning: {sdists[0].name} has no tools/rpc/rpc-server.cpp; rpc-server will not be built")
         for old in directory.glob(built[0].name):
             old.unlink()
         final = directory / built[0].name
@@ -235,20 +310,6 @@ def build_wheel(
     )
     _say(out, f"  built {final.name} in {(time.monotonic() - started) / 60:.1f} min")
     return final
-
-
-def _reusable(directory: Path, plan: BuildPlan, default_args: Sequence[str]) -> Path | None:
-    """A cached wheel built with the same CMake flags as ``plan``.
-
-    A wheel with no build record was put there by hand (or by an older
-    toolpair): it counts as built with the backend's default flags.
-    """
-    wheel = cached_wheel(directory)
-    if wheel is None:
-        return None
-    info = _build_info(directory)
-    built_args = info.get("cmake_args") if info else list(default_args)
-    return wheel if built_args == list(plan.cmake_args) else None
 
 
 def _run(command: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> str:
@@ -262,11 +323,25 @@ def _run(command: Sequence[str], what: str, env: Mapping[str, str] | None = None
     return done.stdout
 
 
+_VERIFY = """
+import ctypes, json, llama_cpp
+offload = bool(llama_cpp.llama_supports_gpu_offload())
+rpc = bool(getattr(llama_cpp, "llama_supports_rpc", lambda: False)())
+if offload and rpc:
+    # With RPC built in, llama.cpp reports offload even without a GPU backend: look for a GPU device
+    # instead (no RPC device is registered yet, so any GPU here is local).
+    from llama_cpp._ggml import libggml as g
+    g.ggml_backend_dev_count.restype = ctypes.c_size_t
+    g.ggml_backend_dev_get.restype, g.ggml_backend_dev_get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    g.ggml_backend_dev_type.restype, g.ggml_backend_dev_type.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    types = [g.ggml_backend_dev_type(g.ggml_backend_dev_get(i)) for i in range(g.ggml_backend_dev_count())]
+    offload = any(t in (1, 2) for t in types)  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
+print(json.dumps({"version": llama_cpp.__version__, "gpu_offload": offload, "rpc": rpc}))
+"""
+
+
 def _verify(python: str) -> dict[str, object]:
-    script = (
-        "import json, llama_cpp; print(json.dumps({'version': llama_cpp.__version__, "
-        "'gpu_offload': bool(llama_cpp.llama_supports_gpu_offload())}))"
-    )
+    script = _VERIFY
     out = _run([python, "-c", script], "importing llama_cpp")
     data = json.loads(out.strip().splitlines()[-1])
     assert isinstance(data, dict)
@@ -277,6 +352,60 @@ def _prefix(python: str) -> Path:
     if python == sys.executable:
         return Path(sys.prefix)  # a venv's python links to the base interpreter: compare names, not files
     return Path(_run([python, "-c", "import sys; print(sys.prefix)"], "finding the target environment").strip())
+
+
+def _engine_lib_dir(python: str) -> Path:
+    script = "import pathlib, llama_cpp; print(pathlib.Path(llama_cpp.__file__).parent / 'lib')"
+    return Path(_run([python, "-c", script], "finding the engine's libraries").strip().splitlines()[-1])
+
+
+def install_rpc_server(
+    python: str, source: Path, prefix: Path, env: Mapping[str, str], out: TextIO = sys.stderr
+) -> str | None:
+    """Compile ``rpc-server`` against the installed engine's ggml into ``<prefix>/bin``; its path, or None.
+
+    One C++ file linked to the libraries in the wheel: seconds, not a second
+    build of ggml. None (with a note) when the wheel was built without RPC or
+    its source was not kept (a wheel cached by an older toolpair).
+    """
+    if not (source / "rpc-server.cpp").is_file():
+        _say(out, "note: no rpc-server source next to the wheel; `toolpair engine install --rebuild` builds it")
+        return None
+    libs = _engine_lib_dir(python)
+    if not any(libs.glob("libggml-rpc.*")):
+        _say(out, f"note: this engine was built without RPC (no libggml-rpc in {libs}); no rpc-server")
+        return None
+    target = prefix / "bin" / RPC_SERVER
+    target.parent.mkdir(parents=True, exist_ok=True)
+    origin = "@loader_path" if sys.platform == "darwin" else "$ORIGIN"
+    compiler = env.get("CXX") or shutil.which("c++") or "g++"
+    partial = target.with_name(f".{RPC_SERVER}.{os.getpid()}")
+    command = [
+        compiler, "-std=c++17", "-O2", "-pthread", "-I", str(source / "include"), str(source / "rpc-server.cpp"),
+        "-o", str(partial), "-L", str(libs), "-lggml", "-lggml-base",
+        f"-Wl,-rpath,{origin}/{os.path.relpath(libs, target.parent)}",
+    ]  # fmt: skip
+    try:
+        _run(command, "building rpc-server", env)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    _say(out, f"built {target} (llama.cpp RPC worker; run it with `toolpair rpc-worker`)")
+    return str(target)
+
+
+def rpc_server_command(server: str, host: str, port: int, threads: int | None = None, cache: bool = False) -> list[str]:
+    """The argv of one RPC worker.
+
+    >>> rpc_server_command("/v/bin/rpc-server", "10.0.0.5", 50052, threads=4)
+    ['/v/bin/rpc-server', '--host', '10.0.0.5', '--port', '50052', '--threads', '4']
+    """
+    command = [server, "--host", host, "--port", str(port)]
+    if threads is not None:
+        command += ["--threads", str(threads)]
+    if cache:
+        command.append("--cache")
+    return command
 
 
 def install_engine(
@@ -297,10 +426,9 @@ def install_engine(
     plan = build_plan(detection, env, probes)
     for problem in plan.problems:
         _say(out, f"warning: {problem}")
-    directory = wheel_dir(detection.backend, cache)
-    default_args = build_plan(detection, {k: v for k, v in env.items() if k != "CMAKE_ARGS"}, probes).cmake_args
+    directory = build_directory(detection.backend, plan.cmake_args, cache)
     with _locked(directory):
-        wheel = None if rebuild else _reusable(directory, plan, default_args)
+        wheel = None if rebuild else cached_wheel(directory)
         if wheel is not None:
             _say(out, f"using the cached wheel {wheel}")
         else:
@@ -316,6 +444,12 @@ def install_engine(
         else:
             if previous.gpu_offload is not None or not detection.backend.gpu:
                 _say(out, f"llama-cpp-python {LLAMA_CPP_VERSION} for {previous.backend} is already installed")
+                rpc = previous.rpc_server
+                if rpc is None or not Path(rpc).exists():
+                    rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, env, out)
+                if rpc != previous.rpc_server:
+                    previous = dataclasses.replace(previous, rpc_server=rpc)
+                    _write_record(marker, previous)
                 return previous
             # Installed where it could not be verified: install again below and verify here.
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
@@ -360,6 +494,7 @@ def install_engine(
         digest,
         None if offload is None else bool(offload),
         list(plan.cmake_args),
+        install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, env, out),
     )
     _write_record(marker, record)
     shown = {None: "not verified", True: "yes", False: "no"}[record.gpu_offload]

@@ -112,6 +112,8 @@ class EngineLaunch:
     chat_template: Path | None = None
     host: str = "127.0.0.1"
     python: str = field(default=sys.executable)
+    rpc_servers: tuple[str, ...] = ()
+    """llama.cpp RPC workers (HOST:PORT) to split the model across; see engine_launcher/rpc.py."""
 
     @property
     def url(self) -> str:
@@ -126,7 +128,8 @@ def engine_command(launch: EngineLaunch) -> list[str]:
     ['python', '-m', 'llama_cpp.server', '--model']
     """
     command = [
-        launch.python, "-m", "llama_cpp.server",
+        # llama_cpp.server ignores rpc_servers; engine_launcher.rpc registers the workers, then runs it.
+        launch.python, "-m", "engine_launcher.rpc" if launch.rpc_servers else "llama_cpp.server",
         "--model", str(launch.model),
         "--host", launch.host,
         "--port", str(launch.port),
@@ -136,6 +139,8 @@ def engine_command(launch: EngineLaunch) -> list[str]:
     ]  # fmt: skip
     if launch.chat_template is not None:
         command += ["--chat_format", "hf-tokenizer-config", "--hf_tokenizer_config_path", str(launch.chat_template)]
+    if launch.rpc_servers:
+        command += ["--rpc_servers", ",".join(launch.rpc_servers)]
     return command
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "cache_root",
     "check_template",
     "choose_template",
+    "readable_model",
     "sha256_file",
 ]
 
@@ -81,15 +82,52 @@ def _stamp_matches(model: Path, sha256: str) -> bool:
     return bool(stamp == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
 
 
+_PUBLISHED_MODE = 0o644
+"""Temporary files are created 0600; the cache's files are meant for every user who can reach the
+cache directory (a container's runtime user is not the root that built its image)."""
+
+
+def _publish(temporary: str, target: Path) -> None:
+    os.chmod(temporary, _PUBLISHED_MODE)
+    os.replace(temporary, target)
+
+
 def _write_stamp(model: Path, sha256: str) -> None:
     stat = model.stat()
     text = json.dumps({"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
     try:
         with tempfile.NamedTemporaryFile("w", dir=model.parent, delete=False, suffix=".tmp") as tmp:
             tmp.write(text)
-        os.replace(tmp.name, _stamp_path(model))
+        _publish(tmp.name, _stamp_path(model))
     except OSError:
         pass  # a read-only cache still works; the next start hashes again
+
+
+def readable_model(path: Path) -> Path:
+    """``path``, when this process can read it; else :class:`ModelError` with one line that says how to fix it.
+
+    Checked before anything opens the model, so that an unreadable file (a
+    root-owned 0600 model mounted into a container that runs as uid 10001)
+    ends ``serve`` with that line instead of a traceback from deep inside.
+    """
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise ModelError(f"model file {path} does not exist") from None
+    except PermissionError:
+        blocked = next((d for d in reversed(path.parents) if not os.access(d, os.X_OK)), path.parent)
+        raise ModelError(
+            f"cannot read the model file {path}: directory {blocked} is not searchable by uid {os.getuid()}; "
+            f"fix: chmod a+x {blocked}, or mount the model somewhere this user can reach"
+        ) from None
+    if not path.is_file():
+        raise ModelError(f"model file {path} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise ModelError(
+            f"cannot read the model file {path}: mode {stat.st_mode & 0o777:04o}, owner uid {stat.st_uid}, "
+            f"and this process runs as uid {os.getuid()}; fix: chmod a+r {path} (or chown it to uid {os.getuid()})"
+        )
+    return path
 
 
 def bundled_model(cache: Path | None = None, progress: Progress | None = None) -> Path:
@@ -108,6 +146,7 @@ def bundled_model(cache: Path | None = None, progress: Progress | None = None) -
     expected: str = gemma.EXPECTED_SHA256
     target: Path = (cache or cache_root()) / "models" / str(gemma.MODEL_NAME)
     if target.exists():
+        readable_model(target)
         if _stamp_matches(target, expected):
             return target
         if sha256_file(target) == expected:
@@ -138,7 +177,7 @@ def bundled_model(cache: Path | None = None, progress: Progress | None = None) -
     if digest.hexdigest() != expected:
         os.unlink(out.name)
         raise ModelError(f"the assembled bundled model has sha256 {digest.hexdigest()}, expected {expected}")
-    os.replace(out.name, target)
+    _publish(out.name, target)
     _write_stamp(target, expected)
     return target
 

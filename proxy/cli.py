@@ -36,6 +36,7 @@ commands:
   engine     build and install llama-cpp-python for this machine (engine install), or show
              which backend this machine would get (engine detect)
   normalize  put tool results in JSONL or Parquet datasets into call order, with the proxy's rules
+  rpc-worker run a llama.cpp RPC worker that `serve --rpc` splits a model across
 """
 
 
@@ -116,9 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     serve.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled model)")
+    serve.add_argument(
+        "--rpc",
+        dest="engine_rpc",
+        metavar="HOST:PORT,...",
+        type=_comma_list,
+        help="split the model across these `toolpair rpc-worker`s (also TOOLPAIR_ENGINE_RPC); see docs/rpc.md",
+    )
     _add_store_options(serve)
     _add_listen_options(serve)
     serve.set_defaults(run=_run_serve)
+    _add_rpc_worker_parser(commands)
 
     engine = commands.add_parser("engine", help="build and install the managed engine")
     engine_commands = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
@@ -145,6 +154,37 @@ def _add_normalize_parser(commands: argparse._SubParsersAction[argparse.Argument
     normalize = commands.add_parser("normalize", help=normalize_cli.HELP, description=normalize_cli.DESCRIPTION)
     normalize_cli.add_arguments(normalize)
     normalize.set_defaults(run=_run_normalize)
+
+
+def _add_rpc_worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from engine_launcher.rpc import DEFAULT_PORT
+
+    worker = commands.add_parser(
+        "rpc-worker",
+        help="run a llama.cpp RPC worker that `serve --rpc` splits a model across",
+        description=(
+            "Run llama.cpp's rpc-server, built by `toolpair engine install` against this engine, so that "
+            "`toolpair serve --rpc HOST:PORT,...` on another machine can put model layers on this one. "
+            "RPC has no authentication and no encryption: listen only on a private network that only the "
+            "serving machine can reach."
+        ),
+    )
+    worker.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    worker.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
+    worker.add_argument("--threads", type=_positive, metavar="N", help="CPU threads (default: the CPU's cores)")
+    worker.add_argument(
+        "--cache", action="store_true", help="keep received tensors in a local cache, for faster reloads"
+    )
+    worker.add_argument(
+        "--allow-all-interfaces",
+        action="store_true",
+        help="allow --host 0.0.0.0 or :: (e.g. inside a container whose published port decides who can reach it)",
+    )
+    worker.set_defaults(run=_run_rpc_worker)
+
+
+def _comma_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _positive(text: str) -> int:
@@ -205,11 +245,43 @@ def _run_normalize(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args, "model", "responses_store")
+    settings = _settings(args, "model", "responses_store", "engine_rpc")
     _setup_logging(settings)
     plan = plan_serve(settings)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(run_serve(settings, plan))
+
+
+def _run_rpc_worker(args: argparse.Namespace) -> int:
+    from engine_launcher.install import read_record, rpc_server_command
+    from engine_launcher.rpc import WILDCARD_HOSTS
+
+    if args.host.strip() in WILDCARD_HOSTS and not args.allow_all_interfaces:
+        print(
+            f"toolpair rpc-worker: refusing --host {args.host!r}: RPC has no authentication, and this listens on "
+            "every interface. Give the private address to listen on, or add --allow-all-interfaces where "
+            "something else (a container's published port, a firewall) decides who can connect.",
+            file=sys.stderr,
+        )
+        return 2
+    record = read_record()
+    server = record.rpc_server if record else None
+    if not server or not os.access(server, os.X_OK):
+        print(
+            "toolpair rpc-worker: rpc-server is not installed in this environment: run `toolpair engine install` "
+            "(it builds the engine with RPC, and rpc-server against it)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"toolpair rpc-worker: listening on {args.host}:{args.port} without authentication; "
+            "only the serving machine may be able to reach it",
+            file=sys.stderr,
+        )
+    print(f"toolpair rpc-worker: {server} on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    command = rpc_server_command(server, args.host, args.port, threads=args.threads, cache=args.cache)
+    os.execv(server, command)
 
 
 def _run_engine(args: argparse.Namespace) -> int:

@@ -137,6 +137,8 @@ class Settings:
     shutdown_grace: float = 30.0
     max_concurrency: int = 1
     max_queue: int = 64
+    # llama.cpp RPC (issue 14): workers (HOST:PORT) that `serve` splits the model across
+    engine_rpc: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         """Mode settings are checked here, once, however the settings were made (a string becomes its mode)."""

@@ -31,13 +31,14 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from engine_launcher.backends import SystemProbes, detect_backend, parse_backend
+from engine_launcher.backends import RPC_FLAG, SystemProbes, detect_backend, parse_backend
 from engine_launcher.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.install import LLAMA_CPP_VERSION, read_record
 from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
-from engine_launcher.models import ModelError, bundled_model, choose_template
+from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
+from engine_launcher.rpc import parse_endpoints
 from proxy import __version__
 from proxy.config import ConfigError, Settings
 from proxy.engine.plan import engine_setup
@@ -92,9 +93,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
             raise ConfigError(f"{name} must be at least {least}")
     try:
         if settings.model:
-            model = Path(settings.model).expanduser()
-            if not model.is_file():
-                raise ConfigError(f"model file {model} does not exist")
+            model = readable_model(Path(settings.model).expanduser())
         else:
             model = bundled_model(progress=_progress(out))
         metadata = read_metadata(model)
@@ -126,10 +125,16 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
                     f"the engine is built for {record.backend}, but {wanted}; "
                     f"run `toolpair engine install --backend {found.backend.value}`"
                 )
+    try:
+        rpc_servers = parse_endpoints(settings.engine_rpc)
+    except ValueError as exc:
+        raise ConfigError(f"engine_rpc: {exc}") from None
+    if rpc_servers and record is not None and RPC_FLAG not in record.cmake_args:
+        raise ConfigError("the engine was built without RPC: run `toolpair engine install --rebuild`")
     gpu_layers = settings.engine_gpu_layers
     if gpu_layers is None:
-        # An unknown build gets -1 too: a CPU build ignores it.
-        gpu_layers = 0 if backend == "cpu" else -1
+        # An unknown build gets -1 too: a CPU build ignores it. RPC workers count as GPUs: all layers go to them.
+        gpu_layers = 0 if backend == "cpu" and not rpc_servers else -1
     launch = EngineLaunch(
         model=model,
         port=free_port(),
@@ -137,6 +142,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         n_ctx=n_ctx,
         n_gpu_layers=gpu_layers,
         chat_template=template,
+        rpc_servers=rpc_servers,
     )
     if template is not None:
         template_text = json.loads(template.read_text(encoding="utf-8")).get("chat_template")
@@ -183,7 +189,8 @@ def banner(settings: Settings, plan: ServePlan) -> str:
         [
             f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
             f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
-            f"chat template {template}",
+            f"chat template {template}"
+            + (f", RPC workers {','.join(launch.rpc_servers)}" if launch.rpc_servers else ""),
             f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
             f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
             f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',

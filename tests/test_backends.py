@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_launcher.backends import (
+    RPC_FLAG,
     Backend,
     Detection,
     NvidiaGpu,
@@ -189,10 +190,10 @@ def test_build_plans_per_backend() -> None:
     }
     for backend, (args, extra_env) in cases.items():
         plan = build_plan(Detection(backend, "test"), {}, FakeProbes(tools=tools))
-        assert plan.cmake_args == args and plan.problems == ()
-        assert plan.env == {"CMAKE_ARGS": " ".join(args), **extra_env}
+        assert plan.cmake_args == (RPC_FLAG, *args) and plan.problems == ()  # every backend can use RPC workers
+        assert plan.env == {"CMAKE_ARGS": " ".join((RPC_FLAG, *args)), **extra_env}
     hip = build_plan(Detection(Backend.HIP, "test", ("gfx1100", "gfx90a")), {}, hip_probes)
-    assert hip.cmake_args == ("-DGGML_HIP=on", "-DAMDGPU_TARGETS=gfx1100;gfx90a")
+    assert hip.cmake_args == (RPC_FLAG, "-DGGML_HIP=on", "-DAMDGPU_TARGETS=gfx1100;gfx90a")
     assert hip.env["HIPCXX"] == "/opt/rocm/llvm/bin/clang" and hip.env["HIP_PATH"] == "/opt/rocm"
     assert "GGML_HIPBLAS" not in hip.env["CMAKE_ARGS"]  # the old flag is ignored by llama.cpp now
 
@@ -201,7 +202,7 @@ def test_the_users_cmake_args_come_last() -> None:
     plan = build_plan(
         Detection(Backend.CUDA, "test"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, FakeProbes(tools=["nvcc"])
     )
-    assert plan.env["CMAKE_ARGS"] == "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
+    assert plan.env["CMAKE_ARGS"] == "-DGGML_RPC=ON -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
 
 
 def test_missing_prerequisites_are_named_before_the_build() -> None:

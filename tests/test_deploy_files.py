@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -63,12 +63,37 @@ def test_every_backend_has_images_and_an_install_the_launcher_accepts(backend: s
     # The same distribution in both stages, so the virtualenv (and its python3 path) moves unchanged.
     distro = [re.search(r"bookworm|24\.04", named[f"{kind}-{backend}"]) for kind in ("devel", "runtime")]
     assert distro[0] and distro[1] and distro[0].group() == distro[1].group()
-    install = next(rest for word, rest in DOCKERFILE if word == "RUN" and "engine install" in rest)
-    argv = shlex.split(install.replace("${BACKEND}", backend))
-    argv = argv[argv.index("/opt/toolpair/venv/bin/toolpair") + 1 :]
-    args = build_parser().parse_args(argv)
-    assert args.engine_command == "install" and args.backend == backend
-    assert detect_backend({}, FakeProbes(), explicit=args.backend).backend is Backend(backend)
+    install = next(rest for word, rest in DOCKERFILE if word == "RUN" and "install_engine(" in rest)
+    called = re.search(r"install_engine\('([^']+)'\)", install.replace("${BACKEND}", backend))
+    assert called is not None and called.group(1) == backend
+    assert detect_backend({}, FakeProbes(), explicit=called.group(1)).backend is Backend(backend)
+
+
+def test_the_engine_is_built_before_the_source_is_copied_and_from_stdlib_only_modules() -> None:
+    """So that an edit to toolpair's own source reuses the cached engine layer."""
+    build = DOCKERFILE[DOCKERFILE.index(("FROM", "devel-${BACKEND} AS build")) :]
+    words = [(word, rest) for word, rest in build]
+    engine = next(i for i, (word, rest) in enumerate(words) if word == "RUN" and "install_engine(" in rest)
+    source = next(i for i, (word, rest) in enumerate(words) if word == "COPY" and rest.startswith(". "))
+    model = next(i for i, (word, rest) in enumerate(words) if word == "RUN" and "bundled_model()" in rest)
+    assert engine < model < source
+    copied = next(rest for word, rest in words[:engine] if word == "COPY").split()[:-1]
+    assert copied and all((ROOT / path).is_file() for path in copied)
+    names = {Path(path).stem for path in copied}
+    for path in copied:
+        for imported in re.findall(r"^(?:from|import) ([\w.]+)", (ROOT / path).read_text(), re.M):
+            top, _, rest = imported.partition(".")
+            assert (
+                imported == "__future__"
+                or (top == "engine_launcher" and rest in names)
+                or (top in sys.stdlib_module_names)
+            ), f"{path} imports {imported}, which the engine layer does not have"
+    pinned = re.search(r"pip install '([^']+)'", words[model][1])
+    assert pinned is not None and f'"{pinned.group(1)}"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_docker_check_script_is_valid_bash() -> None:
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "docker_check.sh")], check=True)
 
 
 def test_runtime_is_non_root_exposes_8787_checks_readiness_and_mounts_models() -> None:

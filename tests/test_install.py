@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from engine_launcher import install
-from engine_launcher.backends import Backend, BuildPlan, Detection, build_plan
+from engine_launcher.backends import RPC_FLAG, Backend, BuildPlan, Detection, build_plan
 from engine_launcher.install import (
     LLAMA_CPP_VERSION,
     BuildProgress,
     InstallError,
+    build_directory,
     build_wheel,
     cached_wheel,
     install_engine,
@@ -38,9 +39,20 @@ from tests.test_backends import FakeProbes
 ROOT = Path(__file__).resolve().parent.parent
 
 FAKE_PIP = """#!/bin/sh
-# Stands in for "python -m pip wheel ... -w DIR": prints build output, then writes a wheel or fails.
+# Stands in for "python -m pip download ... -d DIR" (writes a small sdist with the RPC server's source)
+# and "python -m pip wheel ... -w DIR" (prints build output, then writes a wheel or fails).
 for last; do :; done
-echo "Collecting llama-cpp-python==0.3.36"
+if [ "$3" = download ]; then
+  echo "Collecting llama-cpp-python==0.3.36"
+  src=$(mktemp -d)/llama_cpp_python-0.3.36
+  mkdir -p "$src/vendor/llama.cpp/tools/rpc" "$src/vendor/llama.cpp/ggml/include/nested"
+  echo "int main() { return 0; }" > "$src/vendor/llama.cpp/tools/rpc/rpc-server.cpp"
+  echo "/* ggml */" > "$src/vendor/llama.cpp/ggml/include/ggml-rpc.h"
+  echo "/* not a public header */" > "$src/vendor/llama.cpp/ggml/include/nested/other.h"
+  mkdir -p "$last" && tar -C "$(dirname "$src")" -czf "$last/llama_cpp_python-0.3.36.tar.gz" llama_cpp_python-0.3.36
+  exit 0
+fi
+echo "Processing ./llama_cpp_python-0.3.36.tar.gz"
 echo "  Building wheel for llama-cpp-python (pyproject.toml): started"
 echo "  *** Configuring CMake..."
 echo "  -- The C compiler identification is GNU 12.2.0"
@@ -53,7 +65,7 @@ if [ "$FAKE_BUILD" = fail ]; then
 fi
 echo "  [100%] Linking CXX shared library vendor/llama.cpp/bin/libllama.so"
 echo "  Created wheel for llama-cpp-python: filename=llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
-echo "fake wheel" > "$last/llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
+mkdir -p "$last" && echo "fake wheel" > "$last/llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl"
 """
 
 
@@ -103,6 +115,10 @@ def test_a_build_shows_progress_and_lands_a_wheel(tmp_path: Path, fake_python: s
     assert json.loads((tmp_path / "cuda" / "build.json").read_text())["cmake_args"] == ["-DGGML_CUDA=on"]
     assert "Linking CXX shared library" in (tmp_path / "cuda" / "build.log").read_text()
     assert not list((tmp_path / "cuda").glob(".build-*"))  # the scratch directory is gone
+    # The RPC server's source and ggml's public headers stay next to the wheel, for `rpc-server`.
+    kept = tmp_path / "cuda" / install.RPC_SOURCE
+    assert (kept / "rpc-server.cpp").read_text() == "int main() { return 0; }\n"
+    assert sorted(p.name for p in (kept / "include").iterdir()) == ["ggml-rpc.h"]
 
 
 def test_a_failed_build_shows_the_log_tail_and_what_to_install(tmp_path: Path, fake_python: str) -> None:
@@ -156,11 +172,12 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the stand-in wheel needs nothing from an index
     python = str(venv / "bin" / "python")
     cache = tmp_path / "cache"
-    wheel = fake_llama_wheel(cache / "wheels" / "cpu")
+    wheel = fake_llama_wheel(build_directory(Backend.CPU, [RPC_FLAG], cache))
     out = io.StringIO()
     record = install_engine("cpu", python=python, cache=cache, probes=FakeProbes(), out=out)
     assert (record.backend, record.version, record.gpu_offload) == ("cpu", LLAMA_CPP_VERSION, False)
-    assert record.wheel == str(wheel) and record.cmake_args == []
+    assert record.wheel == str(wheel) and record.cmake_args == [RPC_FLAG]
+    assert record.rpc_server is None and "no rpc-server source next to the wheel" in out.getvalue()
     assert f"using the cached wheel {wheel}" in out.getvalue()
     assert read_record(venv / "share" / "toolpair" / "engine.json") == record
 
@@ -190,22 +207,22 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
 
     monkeypatch.setenv("FAKE_LLAMA_GPU", "1")
     cuda = install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
-    assert (cuda.backend, cuda.gpu_offload, cuda.cmake_args) == ("cuda", True, ["-DGGML_CUDA=on"])
+    assert (cuda.backend, cuda.gpu_offload, cuda.cmake_args) == ("cuda", True, [RPC_FLAG, "-DGGML_CUDA=on"])
     assert built == [Backend.CUDA]  # the cuda wheel is now cached and reused
 
 
-def test_a_cached_wheel_is_reused_only_for_the_same_cmake_flags(tmp_path: Path) -> None:
-    directory = tmp_path / "cuda"
-    fake_llama_wheel(directory)
+def test_each_set_of_cmake_flags_has_its_own_wheel_directory(tmp_path: Path) -> None:
     probes = FakeProbes(tools=["nvcc"])
     default = build_plan(Detection(Backend.CUDA, "t"), {}, probes)
     custom = build_plan(Detection(Backend.CUDA, "t"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, probes)
-    # No build record (a wheel put there by hand): it counts as a default build.
-    assert install._reusable(directory, default, default.cmake_args) is not None
-    assert install._reusable(directory, custom, default.cmake_args) is None
-    (directory / "build.json").write_text(json.dumps({"cmake_args": list(custom.cmake_args)}))
-    assert install._reusable(directory, custom, default.cmake_args) is not None
-    assert install._reusable(directory, default, default.cmake_args) is None
+    where = build_directory(Backend.CUDA, default.cmake_args, tmp_path)
+    assert where.parent == wheel_dir(Backend.CUDA, tmp_path)
+    assert where == build_directory(Backend.CUDA, list(default.cmake_args), tmp_path)
+    assert where != build_directory(Backend.CUDA, custom.cmake_args, tmp_path)
+    # Flags differing only in how they split into words are different builds.
+    assert build_directory(Backend.CPU, ["-DA=1 -DB=2"], tmp_path) != build_directory(
+        Backend.CPU, ["-DA=1", "-DB=2"], tmp_path
+    )
 
 
 def test_the_pinned_version_matches_the_engine_extra() -> None:

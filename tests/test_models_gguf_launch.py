@@ -92,6 +92,8 @@ def test_the_bundled_model_is_assembled_once_checked_and_stamped(
     assert seen[-1][0] == seen[-1][1] == path.stat().st_size and len(seen) > 10
     assert models.sha256_file(path) == gemma.EXPECTED_SHA256
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".sha256.json"]
+    # Readable by every user who can reach the cache: an image's runtime user is not the root that built it.
+    assert [p.stat().st_mode & 0o777 for p in sorted(path.parent.iterdir())] == [0o644, 0o644]
 
     # The stamp spares the hash on later starts.
     monkeypatch.setattr(models, "sha256_file", lambda *a, **k: pytest.fail("hashed again"))
