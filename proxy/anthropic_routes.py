@@ -57,6 +57,7 @@ from proxy.errors import (
     error_event,
 )
 from proxy.privacy import log_message
+from proxy.queueing import conversation_key
 from proxy.server import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
 from proxy.token_count import ChatTemplate, TemplateError, estimate_tokens
 from proxy.trace import trace_of
@@ -213,8 +214,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
         trace_of(request).order("anthropic", plan.report)
         if plan.stream:
             return await _stream(request, plan)
-        async with request.app[ADMISSION](request):
-            message = await _complete(request, plan)
+        async with request.app[ADMISSION](request, conversation_key(plan.chat.get("messages"))) as target:
+            message = await _complete(request, plan, request.app[UPSTREAM].at(target))
         return web.Response(body=orjson.dumps(message), content_type="application/json")
     except ToolpairError as exc:
         return error_response(_anthropic_error(exc), Dialect.ANTHROPIC)
@@ -226,7 +227,8 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
     plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
     trace_of(request).order("anthropic", plan.report)
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
-    async with request.app[ADMISSION](request):
+    async with request.app[ADMISSION](request, None) as target:
+        upstream = upstream.at(target)
         response = await upstream.open("POST", request.path_qs, headers, plan.body)
         if response.status >= 400 and response.content_type != "text/event-stream":
             try:
@@ -242,7 +244,7 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
         return await relay(request, upstream, response, Dialect.ANTHROPIC, raw=False)
 
 
-async def _input_tokens(request: web.Request, chat: Body) -> int:
+async def _input_tokens(request: web.Request, chat: Body, upstream: Upstream) -> int:
     """Exact prompt tokens when a template and the engine's tokenizer allow it, else 0.
 
     Engines that stream no usage (llama-cpp-python) would otherwise leave a
@@ -258,7 +260,7 @@ async def _input_tokens(request: web.Request, chat: Body) -> int:
     except TemplateError as exc:
         log.info("no input token count: %s", exc)
         return 0
-    return await state.tokenizer.count(request.app[UPSTREAM], prompt) or 0
+    return await state.tokenizer.count(upstream, prompt) or 0
 
 
 async def _generate(
@@ -314,15 +316,14 @@ async def _diagnose(upstream: Upstream, chat: Body) -> None:
             log.info("diagnosing an empty stream: %s", exc.message)
 
 
-async def _complete(request: web.Request, plan: TranslationPlan) -> Body:
+async def _complete(request: web.Request, plan: TranslationPlan, upstream: Upstream) -> Body:
     """A non-stream message. With stop sequences, the engine is streamed, so it can be stopped at one."""
-    upstream = request.app[UPSTREAM]
     if not plan.stop_sequences:
         completion = await chat_completion(upstream, plan.chat)
         return message_from_completion(completion, model=plan.model)
     events = MessageEvents(
         model=plan.model,
-        input_tokens=await _input_tokens(request, plan.chat),
+        input_tokens=await _input_tokens(request, plan.chat, upstream),
         stop_sequences=plan.stop_sequences,
     )
     accumulator = MessageAccumulator()
@@ -395,9 +396,10 @@ async def _stream(request: web.Request, plan: TranslationPlan) -> web.StreamResp
 
     pinger.start()
     try:
-        async with request.app[ADMISSION](request):
-            events.input_tokens = await _input_tokens(request, plan.chat)
-            await _generate(request.app[UPSTREAM], plan.chat, events, emit)
+        async with request.app[ADMISSION](request, conversation_key(plan.chat.get("messages"))) as target:
+            upstream = request.app[UPSTREAM].at(target)
+            events.input_tokens = await _input_tokens(request, plan.chat, upstream)
+            await _generate(upstream, plan.chat, events, emit)
     except ToolpairError as exc:
         await pinger.stop()
         error = _anthropic_error(exc)
@@ -453,8 +455,8 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         return _count_response(estimate_tokens(len(orjson.dumps(chat))), "estimate")
     count: int | None = None
     try:
-        async with request.app[ADMISSION](request):
-            count = await state.tokenizer.count(request.app[UPSTREAM], prompt)
+        async with request.app[ADMISSION](request, None) as target:
+            count = await state.tokenizer.count(request.app[UPSTREAM].at(target), prompt)
     except ToolpairError as exc:
         log.info("count_tokens: the engine is not available: %s", exc.message)
     if count is None:
@@ -468,8 +470,8 @@ async def _count_native(request: web.Request, raw: bytes) -> web.StreamResponse:
     try:
         plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
         headers = forwardable_headers(request.headers, _NATIVE_DROP)
-        async with request.app[ADMISSION](request):
-            response = await upstream.open("POST", request.path_qs, headers, plan.body)
+        async with request.app[ADMISSION](request, None) as target:
+            response = await upstream.at(target).open("POST", request.path_qs, headers, plan.body)
             try:
                 answer = await response.read()
             finally:

@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     serve.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled model)")
+    serve.add_argument(
+        "--parallel",
+        dest="engine_parallel",
+        type=_positive,
+        metavar="N",
+        help="run N engines of the model side by side, N times the memory (default 1; see docs/parallel.md)",
+    )
     _add_listen_options(serve)
     serve.set_defaults(run=_run_serve)
 
@@ -239,7 +246,7 @@ def _run_normalize(args: argparse.Namespace) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from proxy.serve import plan_serve, run_serve
 
-    settings = _settings(args, "model")
+    settings = _settings(args, "model", "engine_parallel")
     _setup_logging(settings)
     plan = plan_serve(settings)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

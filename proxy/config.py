@@ -79,6 +79,8 @@ class Settings:
     shutdown_grace: float = 30.0
     max_concurrency: int = 1
     max_queue: int = 64
+    # parallel engines (toolpair serve --parallel N)
+    engine_parallel: int = 1
 
 
 def _field_types() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
 from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.privacy import log_message
+from proxy.queueing import conversation_key
 from proxy.responses import (
     ResponsesPlan,
     ResponsesStream,
@@ -87,7 +88,8 @@ async def native_response(request: web.Request) -> web.StreamResponse:
         plan = plan_native_request(await read_body(request, settings.max_body_bytes))
         trace_of(request).order("responses", plan.report)
         headers = forwardable_headers(request.headers, ("accept-encoding",))
-        async with request.app[ADMISSION](request):
+        async with request.app[ADMISSION](request, None) as target:
+            upstream = upstream.at(target)
             response = await upstream.open("POST", request.path_qs, headers, plan.body)
             return await relay(request, upstream, response, Dialect.RESPONSES, raw=False)
     except ToolpairError as exc:
@@ -149,8 +151,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if plan.stream:
         return await _stream(request, plan, response_id, created_at, headers, engine_headers, len(raw))
     try:
-        async with request.app[ADMISSION](request):
-            completion = await chat_completion(request.app[UPSTREAM], plan.chat, engine_headers)
+        async with request.app[ADMISSION](request, conversation_key(plan.chat.get("messages"))) as target:
+            completion = await chat_completion(request.app[UPSTREAM].at(target), plan.chat, engine_headers)
         response = chat_to_response(completion, plan, response_id, created_at)
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
@@ -180,8 +182,8 @@ async def _stream(
     )
     try:
         async with (
-            request.app[ADMISSION](request),
-            aclosing(chat_stream(request.app[UPSTREAM], plan.chat, engine_headers)) as chunks,
+            request.app[ADMISSION](request, conversation_key(plan.chat.get("messages"))) as target,
+            aclosing(chat_stream(request.app[UPSTREAM].at(target), plan.chat, engine_headers)) as chunks,
         ):
             try:
                 first = await anext(chunks, None)

@@ -3,14 +3,18 @@
 Before anything starts, :func:`plan_serve` settles every decision (model,
 context size, chat template, GPU offload, engine port and key) and refuses a
 bad setting with a clear message. :func:`build_serve_app` wires the engine in as
-the upstream: its supervisor's lifetime is tied to the app's ``cleanup_ctx``,
-and an :class:`~proxy.queueing.EngineQueue` is the app's admission.
+the upstream: with ``engine_parallel`` N, N engine processes of the same model,
+each on its own loopback port and key and each with its own supervisor, whose
+lifetimes are tied to the app's ``cleanup_ctx``. An
+:class:`~proxy.queueing.EnginePool` over them is the app's admission: it
+sends each request to a free engine, preferring the one that last served the
+same conversation.
 :func:`run_serve` listens, prints how to connect, and on SIGTERM or SIGINT
 stops accepting, gives requests in flight ``shutdown_grace`` seconds, then stops
 the engine.
 
-``/ready`` (:mod:`proxy.health`) answers 200 only while the engine is ready,
-with its state, restarts and queue in the body.
+``/ready`` (:mod:`proxy.health`) answers 200 while some engine is ready, with
+each engine's state and restarts, and the queue, in the body.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,20 +44,21 @@ from engine_launcher.models import ModelError, bundled_model, choose_template
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from proxy import __version__
 from proxy.config import ConfigError, Settings
-from proxy.engine_status import ENGINE_PROBE, EngineSnapshot
+from proxy.engine_status import ENGINE_PROBE, EngineReading, EngineSnapshot, overall_state
 from proxy.errors import EngineUnavailableError
 from proxy.health import READINESS
-from proxy.queueing import EngineQueue
+from proxy.queueing import EnginePool, PoolEngine
 from proxy.server import create_app
 from proxy.toolcalls import detect_tool_call_format, template_opens_think
-from proxy.upstream import Upstream
+from proxy.upstream import EngineTarget, Upstream
 
-__all__ = ["QUEUE", "SUPERVISOR", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
+__all__ = ["QUEUE", "SUPERVISORS", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
 
 log = logging.getLogger("toolpair")
 
-SUPERVISOR = web.AppKey("supervisor", EngineSupervisor)
-QUEUE = web.AppKey("queue", EngineQueue)
+SUPERVISORS = web.AppKey("supervisors", dict[str, EngineSupervisor])
+"""Each engine's supervisor by engine name (engine-0, engine-1, ...)."""
+QUEUE = web.AppKey("queue", EnginePool)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,13 @@ class ServePlan:
     warnings: list[str] = field(default_factory=list)
     template_text: str | None = None
     """The Jinja chat template the engine renders with (for format detection)."""
+    parallel: tuple[EngineLaunch, ...] = ()
+    """With engine_parallel N > 1: the N engines, each with its own port and key (``launch`` is the first)."""
+
+    @property
+    def launches(self) -> tuple[EngineLaunch, ...]:
+        """Every engine serve starts."""
+        return self.parallel or (self.launch,)
 
     @property
     def model_name(self) -> str:
@@ -86,7 +98,13 @@ def _progress(out: TextIO) -> Callable[[int, int], None]:
 def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
     """Resolve model, template, context and offload; raise ConfigError on anything unusable."""
     warnings: list[str] = []
-    for name, least in (("max_concurrency", 1), ("engine_max_ctx", 1), ("max_queue", 0), ("engine_max_restarts", 0)):
+    for name, least in (
+        ("max_concurrency", 1),
+        ("engine_max_ctx", 1),
+        ("max_queue", 0),
+        ("engine_max_restarts", 0),
+        ("engine_parallel", 1),
+    ):
         if getattr(settings, name) < least:
             raise ConfigError(f"{name} must be at least {least}")
     try:
@@ -141,7 +159,22 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         template_text = json.loads(template.read_text(encoding="utf-8")).get("chat_template")
     else:
         template_text = gguf_chat_template(metadata)
-    return ServePlan(launch, backend, warnings, template_text if isinstance(template_text, str) else None)
+    text = template_text if isinstance(template_text, str) else None
+    return ServePlan(launch, backend, warnings, text, _parallel_launches(launch, settings.engine_parallel))
+
+
+def _parallel_launches(first: EngineLaunch, count: int) -> tuple[EngineLaunch, ...]:
+    """``count`` engines like ``first``, each on a port and with a key of its own; () for one engine."""
+    if count <= 1:
+        return ()
+    launches = [first]
+    ports = {first.port}
+    while len(launches) < count:
+        port = free_port()
+        if port not in ports:
+            ports.add(port)
+            launches.append(dataclasses.replace(first, port=port, api_key=secrets.token_urlsafe(24)))
+    return tuple(launches)
 
 
 def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
@@ -178,11 +211,20 @@ def banner(settings: Settings, plan: ServePlan) -> str:
     launch = plan.launch
     template = launch.chat_template.name if launch.chat_template else "the model's own"
     where = " (all interfaces)" if settings.host in ("0.0.0.0", "", "::") else ""
+    parallel = (
+        [
+            f"  engines:        {len(plan.parallel)} side by side (--parallel), each with the model and its own "
+            f"n_ctx {launch.n_ctx} context: {len(plan.parallel)} x one engine's memory"
+        ]
+        if plan.parallel
+        else []
+    )
     return "\n".join(
         [
             f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
             f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
             f"chat template {template}",
+            *parallel,
             f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
             f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
             f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',
@@ -191,75 +233,135 @@ def banner(settings: Settings, plan: ServePlan) -> str:
     )
 
 
-def _engine_status(engine: EngineSupervisor, queue: EngineQueue) -> dict[str, Any]:
+def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dict[str, Any]:
     status: dict[str, Any] = {
+        "name": name,
         "state": engine.state.value,
         "restarts": engine.restarts,
-        "queue": {"active": queue.active, "waiting": queue.waiting, "max_queue": queue.max_queue},
+        "active": pool.schedule.active_on(name),
     }
     if engine.reason:
         status["reason"] = engine.reason.splitlines()[0]
     return status
 
 
-async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    engine = app[SUPERVISOR]
-    await engine.start()
+def _readings(engines: dict[str, EngineSupervisor], plan: ServePlan, pool: EnginePool) -> tuple[EngineReading, ...]:
+    return tuple(
+        EngineReading(name, engine.state.value, engine.restarts, pool.schedule.active_on(name), launch.port)
+        for (name, engine), launch in zip(engines.items(), plan.launches, strict=True)
+    )
+
+
+async def _engines_ctx(app: web.Application) -> AsyncIterator[None]:
+    engines = app[SUPERVISORS].values()
+    for engine in engines:
+        await engine.start()
     yield
-    await engine.shutdown()
+    await asyncio.gather(*(engine.shutdown() for engine in engines))
+
+
+def _engine_ready(name: str, engine: EngineSupervisor) -> Callable[[], Awaitable[None]]:
+    async def ready() -> None:
+        try:
+            await engine.ensure_ready()
+        except EngineUnavailable as exc:
+            raise EngineUnavailableError(f"{name} is not available: {str(exc).splitlines()[0]}") from None
+
+    return ready
 
 
 def build_serve_app(
     settings: Settings, plan: ServePlan, *, on_give_up: Callable[[str], None] | None = None
 ) -> web.Application:
-    """The proxy app with the managed engine as its upstream and its queue as admission."""
-    launch = plan.launch
-    spec = ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ))
+    """The proxy app with the managed engines as its upstream and a pool over them as admission.
+
+    Each engine has its own supervisor, so each is watched and restarted on its
+    own; ``on_give_up`` is called once every engine has given up.
+    """
     policy = RestartPolicy(
         start_timeout=settings.engine_start_timeout,
         stop_timeout=settings.engine_stop_timeout,
         max_restarts=settings.engine_max_restarts,
     )
-    engine = EngineSupervisor(spec, policy, on_give_up=on_give_up, quote_requests=settings.log_bodies)
+    engines: dict[str, EngineSupervisor] = {}
 
-    async def engine_ready() -> None:
-        try:
-            await engine.ensure_ready()
-        except EngineUnavailable as exc:
-            raise EngineUnavailableError(f"the engine is not available: {str(exc).splitlines()[0]}") from None
+    def engine_gave_up(reason: str) -> None:
+        if on_give_up is not None and all(e.state is EngineState.FAILED for e in engines.values()):
+            on_give_up(reason)
 
-    queue = EngineQueue(
-        engine_ready,
+    members = []
+    for index, launch in enumerate(plan.launches):
+        name = f"engine-{index}"
+        spec = ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ))
+        engine = EngineSupervisor(spec, policy, on_give_up=engine_gave_up, quote_requests=settings.log_bodies)
+        engines[name] = engine
+        # One engine is the app's own upstream; several are each a target of their own.
+        target = EngineTarget(name, launch.url, launch.api_key) if plan.parallel else None
+        members.append(PoolEngine(name, target, _engine_ready(name if plan.parallel else "the engine", engine)))
+    pool = EnginePool(
+        members,
         max_concurrency=settings.max_concurrency,
         max_queue=settings.max_queue,
         ready_timeout=settings.engine_ready_wait,
     )
+    for name, engine in engines.items():
+        pool.set_up(name, False)  # each is up once its supervisor says it is ready
+        engine.add_listener(_follow(pool, name))
     upstream = Upstream(
-        launch.url,
+        plan.launch.url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.upstream_read_timeout,
-        api_key=launch.api_key,
+        api_key=plan.launch.api_key,
     )
     # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
     settings = managed_settings(settings, plan)
-    app = create_app(settings, upstream, admission=queue)
-    app[SUPERVISOR] = engine
-    app[QUEUE] = queue
-    app[ENGINE_PROBE] = lambda: EngineSnapshot(
-        state=engine.state.value,
-        restarts=engine.restarts,
-        backend=plan.backend,
-        model=plan.model_name,
-        queue_depth=queue.waiting,
-    )
+    app = create_app(settings, upstream, admission=pool)
+    app[SUPERVISORS] = engines
+    app[QUEUE] = pool
+
+    def snapshot() -> EngineSnapshot:
+        readings = _readings(engines, plan, pool)
+        return EngineSnapshot(
+            state=overall_state(tuple(r.state for r in readings)),
+            restarts=sum(r.restarts for r in readings),
+            backend=plan.backend,
+            model=plan.model_name,
+            queue_depth=pool.waiting,
+            engines=readings,
+        )
+
+    app[ENGINE_PROBE] = snapshot
 
     async def engine_is_ready() -> tuple[bool, dict[str, Any]]:
-        # Readiness is the engine's state, read for health output only.
-        return engine.state is EngineState.READY, {"engine": _engine_status(engine, queue)}
+        # Ready while some engine can serve; the states are read for health output only.
+        each = [_engine_status(name, engine, pool) for name, engine in engines.items()]
+        ready = any(engine.state is EngineState.READY for engine in engines.values())
+        queue = {"active": pool.active, "waiting": pool.waiting, "max_queue": pool.max_queue}
+        overall = {
+            "state": overall_state(tuple(e["state"] for e in each)),
+            "restarts": sum(e["restarts"] for e in each),
+            "queue": queue,
+            "engines": each,
+        }
+        reasons = [e["reason"] for e in each if "reason" in e]
+        if reasons:
+            overall["reason"] = reasons[0]
+        return ready, {"engine": overall}
 
     app[READINESS] = engine_is_ready
-    app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(_engines_ctx)
     return app
+
+
+def _follow(pool: EnginePool, name: str) -> Callable[[EngineState, EngineState], None]:
+    """A supervisor listener that tells the pool when engine ``name`` can take requests."""
+
+    def changed(old: EngineState, new: EngineState) -> None:
+        pool.set_up(name, new is EngineState.READY, alive=new not in (EngineState.FAILED, EngineState.SHUTDOWN))
+        if len(pool.engines) > 1:
+            log.info("%s: %s", name, new.value)
+
+    return changed
 
 
 async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.stdout) -> int:

@@ -30,9 +30,10 @@ from proxy.errors import (
 )
 from proxy.health import register_health_routes
 from proxy.operations import register_operations
+from proxy.queueing import conversation_key
 from proxy.sse import FrameSplitter
 from proxy.trace import trace_of
-from proxy.upstream import Upstream, forwardable_headers
+from proxy.upstream import EngineTarget, Upstream, forwardable_headers
 
 __all__ = [
     "ADMISSION",
@@ -52,15 +53,17 @@ SETTINGS = web.AppKey("settings", Settings)
 UPSTREAM = web.AppKey("upstream", Upstream)
 ENGINE = web.AppKey("engine", EngineSetup)
 
-Admission = Callable[[web.Request], AbstractAsyncContextManager[None]]
+Admission = Callable[[web.Request, str | None], AbstractAsyncContextManager[EngineTarget | None]]
 """Held around each upstream call, response included: where a queue or an
-engine-readiness wait goes. It raises a ToolpairError to refuse a request."""
+engine-readiness wait goes. It raises a ToolpairError to refuse a request.
+Called with the request's conversation key (:func:`~proxy.queueing.conversation_key`);
+it gives the engine to send to, or None for the app's upstream."""
 
 
 @asynccontextmanager
-async def admit_all(request: web.Request) -> AsyncIterator[None]:
+async def admit_all(request: web.Request, conversation: str | None = None) -> AsyncIterator[EngineTarget | None]:
     """The sidecar default: every request goes straight upstream."""
-    yield
+    yield None
 
 
 ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
@@ -193,7 +196,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if plan.adapted:
             log.debug("chat: adapted for %s: %s", engine.profile.kind, ", ".join(plan.adapted))
         headers = forwardable_headers(request.headers, _API_DROP)
-        async with request.app[ADMISSION](request):
+        async with request.app[ADMISSION](request, conversation_key(plan.data.get("messages"))) as target:
+            upstream = upstream.at(target)
             response = await upstream.open("POST", request.path_qs, headers, plan.body)
             if plan.reply is None or response.status >= 400:
                 return await relay(request, upstream, response, Dialect.OPENAI, raw=False)
@@ -208,7 +212,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     upstream = request.app[UPSTREAM]
     try:
         body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
-        async with request.app[ADMISSION](request):
+        async with request.app[ADMISSION](request, None) as target:
+            upstream = upstream.at(target)
             response = await upstream.open(request.method, request.path_qs, forwardable_headers(request.headers), body)
             return await relay(request, upstream, response, Dialect.OPENAI, raw=True)
     except ToolpairError as exc:

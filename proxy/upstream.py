@@ -17,7 +17,9 @@ Every request and response also passes the current request's
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -29,7 +31,19 @@ from proxy.trace import Trace, current_trace
 if TYPE_CHECKING:
     from proxy.engine_plan import EngineSetup
 
-__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
+__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "EngineTarget", "Upstream", "forwardable_headers"]
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """The engine one admitted request goes to (one of serve's --parallel engines)."""
+
+    name: str
+    """"engine-0", ... for logs, metrics and status."""
+    base_url: str
+    """e.g. http://127.0.0.1:PORT"""
+    api_key: str | None
+
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the ones aiohttp
 # recomputes for the new hop (Host, Content-Length).
@@ -102,6 +116,19 @@ class Upstream:
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy must not keep one client's cookies for the next
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
+
+    def at(self, target: EngineTarget | None) -> Upstream:
+        """This upstream, sending to ``target`` instead (same pooled session); itself when ``target`` is None.
+
+        Admission picks one of several engines per request; the handler then
+        talks to that engine through the returned view, with its URL and key.
+        """
+        if target is None:
+            return self
+        view = copy.copy(self)
+        view.base_url = target.base_url.rstrip("/")
+        view._api_key = target.api_key
+        return view
 
     async def close(self) -> None:
         if self._session is not None:

@@ -181,7 +181,7 @@ class FakeEngine:
         self.refuse = False
 
     @asynccontextmanager
-    async def admit(self, request: web.Request) -> AsyncIterator[None]:
+    async def admit(self, request: web.Request, conversation: str | None) -> AsyncIterator[None]:
         await asyncio.sleep(0.05)
         trace_of(request).queued(0.05)
         if self.refuse:
