@@ -28,6 +28,8 @@ class EngineReading:
     restarts: int = 0
     active: int = 0
     """Requests it works on now."""
+    served: int = 0
+    """Requests it has been given since toolpair started."""
     port: int | None = None
 
 

@@ -24,6 +24,7 @@ Exported (all prefixed ``toolpair_``)::
     engine_instance_state{engine,state}     1 for each engine's state (serve --parallel N)
     engine_instance_restarts_total{engine}  restarts of each engine (serve --parallel N)
     engine_instance_active{engine}          requests each engine works on (serve --parallel N)
+    engine_instance_requests_total{engine}  requests given to each engine (serve --parallel N)
     prompt_tokens_total{route}              prompt tokens reported in usage
     completion_tokens_total{route}          completion tokens reported in usage
     build_info{version}                     always 1
@@ -88,12 +89,14 @@ def _each_engine(readings: tuple[EngineReading, ...]) -> Iterable[Metric]:
     )
     restarts = CounterMetricFamily("toolpair_engine_instance_restarts", "Restarts of each engine", labels=["engine"])
     active = GaugeMetricFamily("toolpair_engine_instance_active", "Requests each engine works on", labels=["engine"])
+    served = CounterMetricFamily("toolpair_engine_instance_requests", "Requests given to each engine", labels=["engine"])
     for reading in readings:
         for name in dict.fromkeys((*ENGINE_STATES, reading.state)):
             state.add_metric([reading.name, name], 1.0 if name == reading.state else 0.0)
         restarts.add_metric([reading.name], reading.restarts)
         active.add_metric([reading.name], reading.active)
-    yield from (state, restarts, active)
+        served.add_metric([reading.name], reading.served)
+    yield from (state, restarts, active, served)
 
 
 class Metrics:

@@ -136,6 +136,7 @@ class _Engine:
     up: bool = True
     alive: bool = True
     active: int = 0
+    served: int = 0  # requests it has been given
     last_used: int = 0  # when it was last given a request, on the schedule's own clock
 
 
@@ -189,7 +190,12 @@ class Schedule:
         return len(self._engines) * self.max_concurrency
 
     def active_on(self, name: str) -> int:
+        """Requests with engine ``name`` now."""
         return self._engines[name].active
+
+    def served_by(self, name: str) -> int:
+        """Requests engine ``name`` has been given so far."""
+        return self._engines[name].served
 
     def engine_of(self, conversation: str) -> str | None:
         """The engine that last served ``conversation``, if remembered."""
@@ -261,6 +267,7 @@ class Schedule:
     def _assign(self, ticket: Ticket, name: str) -> None:
         engine = self._engines[name]
         engine.active += 1
+        engine.served += 1
         engine.last_used = next(self._clock)
         if ticket.conversation is not None:
             self._affinity[ticket.conversation] = name

@@ -239,6 +239,7 @@ def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dic
         "state": engine.state.value,
         "restarts": engine.restarts,
         "active": pool.schedule.active_on(name),
+        "served": pool.schedule.served_by(name),
     }
     if engine.reason:
         status["reason"] = engine.reason.splitlines()[0]
@@ -247,7 +248,14 @@ def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dic
 
 def _readings(engines: dict[str, EngineSupervisor], plan: ServePlan, pool: EnginePool) -> tuple[EngineReading, ...]:
     return tuple(
-        EngineReading(name, engine.state.value, engine.restarts, pool.schedule.active_on(name), launch.port)
+        EngineReading(
+            name,
+            engine.state.value,
+            engine.restarts,
+            pool.schedule.active_on(name),
+            pool.schedule.served_by(name),
+            launch.port,
+        )
         for (name, engine), launch in zip(engines.items(), plan.launches, strict=True)
     )
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import proxy
 from proxy.config import Settings
-from proxy.engine_status import ENGINE_PROBE, EngineSnapshot
+from proxy.engine_status import ENGINE_PROBE, EngineReading, EngineSnapshot
 from proxy.errors import EngineUnavailableError
 from proxy.server import create_app
 from proxy.trace import note_toolcalls, trace_of
@@ -293,3 +293,28 @@ async def test_status_reports_the_managed_engine(managed: tuple[str, FakeEngine]
         "restarts": 1,
         "queue_depth": 0,
     }
+
+
+async def test_each_of_several_engines_has_its_own_series_and_status(managed: tuple[str, FakeEngine]) -> None:
+    url, fake = managed
+    fake.snapshot = EngineSnapshot(
+        state="ready",
+        restarts=1,
+        queue_depth=0,
+        engines=(
+            EngineReading("engine-0", "starting", restarts=1, active=0, served=3, port=41001),
+            EngineReading("engine-1", "ready", restarts=0, active=1, served=5, port=41002),
+        ),
+    )
+    samples = await scrape(url)
+    assert value(samples, "toolpair_engine_instance_state", engine="engine-0", state="starting") == 1
+    assert value(samples, "toolpair_engine_instance_state", engine="engine-0", state="ready") == 0
+    assert value(samples, "toolpair_engine_instance_state", engine="engine-1", state="ready") == 1
+    assert value(samples, "toolpair_engine_instance_restarts_total", engine="engine-0") == 1
+    assert value(samples, "toolpair_engine_instance_active", engine="engine-1") == 1
+    assert value(samples, "toolpair_engine_instance_requests_total", engine="engine-1") == 5
+    status = await status_of(url)
+    assert status["engine"]["engines"] == [
+        {"name": "engine-0", "state": "starting", "restarts": 1, "active": 0, "served": 3, "port": 41001},
+        {"name": "engine-1", "state": "ready", "restarts": 0, "active": 1, "served": 5, "port": 41002},
+    ]
