@@ -193,9 +193,10 @@ async def test_requests_toolpair_refuses_never_reach_the_engine(engine: MockEngi
                 refused[name] = refused.get(name, 0) + 1
             # A full queue: one request holds the engine's only slot, no place to wait.
             engine.then(_silent)
+            held = len(engine.received) + 1
             holder = asyncio.create_task(post(url, api, body(api), headers=key, deadline=30))
-            for _ in range(200):
-                if queue.active == 1:
+            for _ in range(1000):  # admitted, and its request is at the engine (not merely on its way)
+                if queue.active == 1 and len(engine.received) == held:
                     break
                 await asyncio.sleep(0.01)
             before = len(engine.received)
