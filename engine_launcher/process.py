@@ -181,6 +181,9 @@ _REPORT_START = "Exception: "
 _REPORT_END = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s")
 _REPORT_MAX_LINES = 1000
 _REPORT_LEFT_OUT = "(its report of a failed request is left out: it may quote the request; log_bodies shows it)"
+# The engine's output is its loader dump (a thousand lines and more), uvicorn's access lines and
+# per-request timings: debug. What says something went wrong reaches the default log level.
+_LOUD = re.compile(r"(ERROR|CRITICAL|WARNING):\s|Traceback \(most recent call last\)|Exception: ")
 
 
 class EngineSupervisor:
@@ -454,7 +457,8 @@ class EngineSupervisor:
             await self._crashed(f"could not be launched: {exc}", was_ready=False)
             return
         self._process = process
-        log.info("engine launched (pid %d): %s", process.pid, " ".join(self.spec.argv))
+        log.info("engine launched (pid %d)", process.pid)
+        log.debug("engine command line: %s", " ".join(self.spec.argv))
         self._helper(self._watch(process))
         self._poll = self._helper(self._wait_ready(process))
 
@@ -486,11 +490,12 @@ class EngineSupervisor:
         line = raw.decode("utf-8", "replace").rstrip("\r")
         if not line.strip() or self._left_out(line):
             return
+        loud = _LOUD.match(line) is not None
         if not self._quote_requests and line.startswith(_REPORT_START):
             self._hidden = 0
             line = _REPORT_LEFT_OUT
-        self._lines.append(line)
-        log.info("engine: %s", line)
+        self._lines.append(line)  # kept whatever the level: a failed start quotes them
+        log.log(logging.WARNING if loud else logging.DEBUG, "engine: %s", line)
 
     def _left_out(self, line: str) -> bool:
         """Whether ``line`` belongs to a failed-request report that is being left out."""

@@ -89,7 +89,9 @@ def _each_engine(readings: tuple[EngineReading, ...]) -> Iterable[Metric]:
     )
     restarts = CounterMetricFamily("toolpair_engine_instance_restarts", "Restarts of each engine", labels=["engine"])
     active = GaugeMetricFamily("toolpair_engine_instance_active", "Requests each engine works on", labels=["engine"])
-    served = CounterMetricFamily("toolpair_engine_instance_requests", "Requests given to each engine", labels=["engine"])
+    served = CounterMetricFamily(
+        "toolpair_engine_instance_requests", "Requests given to each engine", labels=["engine"]
+    )
     for reading in readings:
         for name in dict.fromkeys((*ENGINE_STATES, reading.state)):
             state.add_metric([reading.name, name], 1.0 if name == reading.state else 0.0)

@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.adapt import refuse_responses_logprobs
 from proxy.chat import decode_body
 from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
@@ -36,7 +37,7 @@ from proxy.responses import (
     translate_request,
 )
 from proxy.responses_store import ResponseStore
-from proxy.server import ADMISSION, SETTINGS, UPSTREAM, error_response, read_body, relay
+from proxy.server import ADMISSION, ENGINE, SETTINGS, UPSTREAM, error_response, read_body, relay
 from proxy.trace import trace_of
 from proxy.upstream import forwardable_headers
 
@@ -139,6 +140,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     try:
         raw = await read_body(request, settings.max_body_bytes)
         data = decode_body(raw)
+        refuse_responses_logprobs(data, request.app[ENGINE].profile)
         previous = previous_response_id(data)
         history = store.get(previous, previous=True).items if previous else None
         plan = translate_request(data, history)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import importlib.util
 import json
 import logging
@@ -39,7 +40,18 @@ from engine_launcher.backends import SystemProbes, detect_backend, parse_backend
 from engine_launcher.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.install import LLAMA_CPP_VERSION, read_record
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
+from engine_launcher.launch import (
+    CACHE_TYPES,
+    READY_PATH,
+    SPLIT_MODES,
+    EngineLaunch,
+    engine_command,
+    engine_env,
+    free_port,
+    installed_setting_names,
+)
+from engine_launcher.machine import available_memory, gpu_free_memory, physical_cores, usable_cores
+from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
 from engine_launcher.models import ModelError, bundled_model, choose_template
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from proxy import __version__
@@ -70,6 +82,12 @@ class ServePlan:
     warnings: list[str] = field(default_factory=list)
     template_text: str | None = None
     """The Jinja chat template the engine renders with (for format detection)."""
+    memory: MemoryEstimate | None = None
+    """What the engine is expected to need at the chosen n_ctx (None: the header did not say enough)."""
+    memory_budget: int | None = None
+    """The memory it was checked against (None: unknown)."""
+    logprobs_cost: int | None = None
+    """Bytes that serving logprobs costs (or would cost) at this n_ctx."""
     parallel: tuple[EngineLaunch, ...] = ()
     """With engine_parallel N > 1: the N engines, each with its own port and key (``launch`` is the first)."""
 
@@ -95,18 +113,157 @@ def _progress(out: TextIO) -> Callable[[int, int], None]:
     return report
 
 
-def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
-    """Resolve model, template, context and offload; raise ConfigError on anything unusable."""
-    warnings: list[str] = []
+# --engine-arg keys toolpair sets itself, and keys with a flag of their own.
+_OWNED_ARGS = frozenset({"model", "host", "port", "api_key", "interrupt_requests", "config_file", "models"})
+_FLAG_FOR_ARG = {
+    "n_ctx": "-c/--ctx-size",
+    "n_gpu_layers": "-ngl/--n-gpu-layers",
+    "n_threads": "-t/--threads",
+    "n_threads_batch": "-tb/--threads-batch",
+    "n_batch": "-b/--batch-size",
+    "n_ubatch": "-ub/--ubatch-size",
+    "flash_attn": "-fa/--flash-attn",
+    "type_k": "--cache-type-k",
+    "type_v": "--cache-type-v",
+    "chat_format": "--chat-template-file",
+    "hf_tokenizer_config_path": "--chat-template-file",
+    "use_mlock": "--mlock",
+    "use_mmap": "--no-mmap",
+    "main_gpu": "--main-gpu",
+    "split_mode": "--split-mode",
+    "tensor_split": "--tensor-split",
+    "cache": "--prompt-cache-size",
+    "cache_type": "--prompt-cache-size",
+    "cache_size": "--prompt-cache-size",
+    "logits_all": "--logprobs",
+}
+
+
+def engine_args(entries: list[str], accepted: frozenset[str]) -> dict[str, str]:
+    """``--engine-arg KEY=VALUE`` entries as server settings, each key checked against the installed engine.
+
+    >>> engine_args(["rope_freq_base=10000"], frozenset({"rope_freq_base"}))
+    {'rope_freq_base': '10000'}
+    """
+    found: dict[str, str] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"engine argument {entry!r} is not KEY=VALUE")
+        if key in _OWNED_ARGS:
+            raise ConfigError(f"engine argument {key!r}: toolpair sets it itself")
+        if key in _FLAG_FOR_ARG:
+            raise ConfigError(f"engine argument {key!r}: use {_FLAG_FOR_ARG[key]} instead")
+        if key not in accepted:
+            near = difflib.get_close_matches(key, sorted(accepted), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"engine argument {key!r} is not a setting the installed llama-cpp-python accepts{hint}")
+        found[key] = value
+    return found
+
+
+def _check_tuning(settings: Settings) -> None:
     for name, least in (
         ("max_concurrency", 1),
-        ("engine_max_ctx", 1),
         ("max_queue", 0),
         ("engine_max_restarts", 0),
         ("engine_parallel", 1),
+        ("engine_ctx_size", 256),
+        ("prompt_cache_size", 0),
+        ("engine_threads", 1),
+        ("engine_threads_batch", 1),
+        ("engine_batch_size", 1),
+        ("engine_ubatch_size", 1),
+        ("engine_main_gpu", 0),
+        ("engine_gpu_layers", -1),
     ):
-        if getattr(settings, name) < least:
+        value = getattr(settings, name)
+        if value is not None and value < least:
             raise ConfigError(f"{name} must be at least {least}")
+    for name in ("engine_cache_type_k", "engine_cache_type_v"):
+        value = getattr(settings, name)
+        if value is not None and value not in CACHE_TYPES:
+            raise ConfigError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {value!r}")
+    if settings.engine_split_mode is not None and settings.engine_split_mode not in SPLIT_MODES:
+        raise ConfigError(f"engine_split_mode must be one of {', '.join(SPLIT_MODES)}")
+    if any(share < 0 for share in settings.engine_tensor_split):
+        raise ConfigError("engine_tensor_split shares must not be negative")
+
+
+def _memory_plan(
+    settings: Settings, shape: ModelShape | None, model: Path, trained: int | None, gpu_layers: int, backend: str
+) -> tuple[int, MemoryEstimate | None, int | None, list[str]]:
+    """n_ctx, its memory estimate, the budget it was checked against, and what start-up should say about it."""
+    wanted = settings.engine_ctx_size or trained or _FALLBACK_CTX
+    if shape is None:
+        return wanted, None, None, []
+    bytes_k = CACHE_TYPES[settings.engine_cache_type_k or "f16"][1]
+    bytes_v = CACHE_TYPES[settings.engine_cache_type_v or "f16"][1]
+    model_bytes = model.stat().st_size
+
+    def estimate(n_ctx: int) -> MemoryEstimate:
+        return estimate_memory(
+            shape,
+            model_bytes,
+            n_ctx,
+            logits_all=bool(settings.engine_logprobs),
+            n_batch=settings.engine_batch_size or 512,
+            n_ubatch=settings.engine_ubatch_size or 512,
+            bytes_k=bytes_k,
+            bytes_v=bytes_v,
+            flash_attn=bool(settings.engine_flash_attn),
+            prompt_cache_bytes=settings.prompt_cache_size,
+        )
+
+    # A GPU build with every layer offloaded holds weights, KV cache and compute buffers in GPU
+    # memory; what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
+    ram = available_memory()
+    vram = gpu_free_memory() if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
+
+    engines = settings.engine_parallel  # --parallel N: N engines, each needing all of it
+
+    def fits(n_ctx: int) -> bool:
+        need = estimate(n_ctx)
+        if vram is None:
+            return ram is None or engines * need.total <= ram
+        on_gpu = need.weights + need.kv_cache + need.compute
+        return engines * on_gpu <= vram and (ram is None or engines * (need.scores + need.prompt_cache) <= ram)
+
+    budget = ram if vram is None else vram
+    if budget is None:
+        return wanted, estimate(wanted), None, []
+    where = "available" if vram is None else "of GPU memory free"
+    chosen = fitting_context(wanted, fits)
+    notes: list[str] = []
+    if chosen is None:
+        notes.append(
+            f"the engine needs {_times(engines)}{estimate(256).describe()} even at n_ctx 256 and this machine has "
+            f"{gib(budget)} {where}; it may not start"
+        )
+        chosen = min(wanted, 256)
+    elif chosen < wanted:
+        source = "--ctx-size" if settings.engine_ctx_size else "the model's training context"
+        notes.append(
+            f"n_ctx {chosen}, not {wanted} ({source}): the engine would need "
+            f"{_times(engines)}{gib(estimate(wanted).total)} "
+            f"and this machine has {gib(budget)} {where}"
+        )
+    return chosen, estimate(chosen), budget, notes
+
+
+_FALLBACK_CTX = 4096
+"""n_ctx for a model whose header does not give its training context."""
+
+
+def _times(engines: int) -> str:
+    return f"{engines} x " if engines > 1 else ""
+
+
+def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
+    """Resolve model, template, context, memory, offload and engine settings; raise ConfigError on anything unusable."""
+    warnings: list[str] = []
+    _check_tuning(settings)
     try:
         if settings.model:
             model = Path(settings.model).expanduser()
@@ -121,10 +278,9 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(str(exc)) from None
-    trained = context_length(metadata)
-    n_ctx = min(trained, settings.engine_max_ctx) if trained else settings.engine_max_ctx
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError("llama-cpp-python is not installed here: run `toolpair engine install`")
+    extra = engine_args(settings.engine_args, installed_setting_names())
     record = read_record()
     if record is None:
         backend = "unknown"
@@ -147,6 +303,12 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     if gpu_layers is None:
         # An unknown build gets -1 too: a CPU build ignores it.
         gpu_layers = 0 if backend == "cpu" else -1
+    trained = context_length(metadata)
+    shape = ModelShape.from_metadata(metadata)
+    n_ctx, memory, budget, notes = _memory_plan(settings, shape, model, trained, gpu_layers, backend)
+    warnings += notes
+    if settings.engine_ctx_size and trained and settings.engine_ctx_size > trained:
+        warnings.append(f"--ctx-size {settings.engine_ctx_size} is beyond the model's training context ({trained})")
     launch = EngineLaunch(
         model=model,
         port=free_port(),
@@ -154,13 +316,40 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         n_ctx=n_ctx,
         n_gpu_layers=gpu_layers,
         chat_template=template,
+        logits_all=bool(settings.engine_logprobs),
+        prompt_cache_bytes=settings.prompt_cache_size,
+        # Engines that work at once share the cores: each gets its share unless told otherwise.
+        n_threads=settings.engine_threads or max(1, physical_cores() // settings.engine_parallel),
+        n_threads_batch=settings.engine_threads_batch or max(1, usable_cores() // settings.engine_parallel),
+        n_batch=settings.engine_batch_size,
+        n_ubatch=settings.engine_ubatch_size,
+        flash_attn=settings.engine_flash_attn,
+        cache_type_k=settings.engine_cache_type_k,
+        cache_type_v=settings.engine_cache_type_v,
+        use_mlock=True if settings.engine_mlock else None,
+        use_mmap=None if settings.engine_mmap else False,
+        main_gpu=settings.engine_main_gpu,
+        split_mode=settings.engine_split_mode,
+        tensor_split=tuple(settings.engine_tensor_split),
+        extra=extra,
     )
     if template is not None:
         template_text = json.loads(template.read_text(encoding="utf-8")).get("chat_template")
     else:
         template_text = gguf_chat_template(metadata)
-    text = template_text if isinstance(template_text, str) else None
-    return ServePlan(launch, backend, warnings, text, _parallel_launches(launch, settings.engine_parallel))
+    logprobs_cost = None
+    if shape is not None:
+        logprobs_cost = n_ctx * shape.n_vocab * 4
+    return ServePlan(
+        launch,
+        backend,
+        warnings,
+        template_text if isinstance(template_text, str) else None,
+        memory=memory,
+        memory_budget=budget,
+        logprobs_cost=logprobs_cost,
+        parallel=_parallel_launches(launch, settings.engine_parallel),
+    )
 
 
 def _parallel_launches(first: EngineLaunch, count: int) -> tuple[EngineLaunch, ...]:
@@ -182,7 +371,7 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
 
     Only ``auto`` or unset values are filled in; explicit settings win.
     """
-    changes: dict[str, object] = {"engine_kind": "llama-cpp-python"}
+    changes: dict[str, object] = {"engine_kind": "llama-cpp-python", "engine_logprobs": plan.launch.logits_all}
     text = plan.template_text or ""
     if settings.tool_call_format == "auto" and text:
         detected = detect_tool_call_format(text)
@@ -204,33 +393,42 @@ def banner(settings: Settings, plan: ServePlan) -> str:
 
     >>> from pathlib import Path
     >>> plan = ServePlan(EngineLaunch(Path("m.gguf"), 1, "k", 4096), "cpu")
-    >>> print(banner(Settings(port=8787), plan).splitlines()[3])
+    >>> print(banner(Settings(port=8787), plan).splitlines()[-3])
       OpenAI SDK:     OpenAI(base_url="http://127.0.0.1:8787/v1", api_key="any")
     """
     base = f"http://{_local(settings.host)}:{settings.port}"
     launch = plan.launch
     template = launch.chat_template.name if launch.chat_template else "the model's own"
     where = " (all interfaces)" if settings.host in ("0.0.0.0", "", "::") else ""
-    parallel = (
-        [
-            f"  engines:        {len(plan.parallel)} side by side (--parallel), each with the model and its own "
-            f"n_ctx {launch.n_ctx} context: {len(plan.parallel)} x one engine's memory"
-        ]
-        if plan.parallel
-        else []
-    )
-    return "\n".join(
-        [
-            f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
-            f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
-            f"chat template {template}",
-            *parallel,
-            f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
-            f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
-            f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',
-            f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
-        ]
-    )
+    threads = f"threads {launch.n_threads}/{launch.n_threads_batch}" if launch.n_threads else "threads: engine default"
+    lines = [
+        f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
+        f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
+        f"{threads}, chat template {template}",
+    ]
+    engines = len(plan.launches)
+    if plan.memory is not None:
+        budget = f" of {gib(plan.memory_budget)} available" if plan.memory_budget is not None else ""
+        if engines > 1:  # each engine holds the model and its own context
+            each = f"{engines} engines x {plan.memory.describe()} = ~{gib(engines * plan.memory.total)}"
+            lines.append(f"  memory:         {each}{budget}")
+        else:
+            lines.append(f"  memory:         {plan.memory.describe()}{budget}")
+    cost = f" ({gib(plan.logprobs_cost)} at this n_ctx)" if plan.logprobs_cost is not None else ""
+    if launch.logits_all:
+        lines.append(f"  logprobs:       served; their logits cost{cost or ' n_ctx x vocabulary x 4 bytes'}")
+    else:
+        lines.append(f"  logprobs:       off (requests for them get 400); --logprobs serves them{cost}")
+    cache = gib(launch.prompt_cache_bytes) if launch.prompt_cache_bytes else "off"
+    lines += [
+        f"  prompt cache:   {cache}{' each' if engines > 1 else ''}   engines: {engines}"
+        + (" (--parallel: a conversation returns to the engine that served it)" if engines > 1 else ""),
+        f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
+        f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
+        f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',
+        f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
+    ]
+    return "\n".join(lines)
 
 
 def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import aiohttp
 from aiohttp import web
 
+from proxy.adapt import refuse_completion_logprobs
 from proxy.auth import keys_required
 from proxy.config import Settings
 from proxy.engine_plan import EngineSetup, engine_setup, plan_engine_request
@@ -212,6 +213,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     upstream = request.app[UPSTREAM]
     try:
         body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
+        if request.method == "POST" and request.path in ("/v1/completions", "/completions"):
+            refuse_completion_logprobs(body, request.app[ENGINE].profile)
         async with request.app[ADMISSION](request, None) as target:
             upstream = upstream.at(target)
             response = await upstream.open(request.method, request.path_qs, forwardable_headers(request.headers), body)

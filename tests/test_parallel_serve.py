@@ -48,7 +48,7 @@ def parallel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Parallel]:
     tmp = tmp_path_factory.mktemp("parallel")
     port = free_port()
     process, out, err = launch_serve(
-        tmp, "--port", str(port), "--parallel", "2", TOOLPAIR_ENGINE_MAX_CTX="4096", TOOLPAIR_MAX_QUEUE="1"
+        tmp, "--port", str(port), "--parallel", "2", TOOLPAIR_ENGINE_CTX_SIZE="4096", TOOLPAIR_MAX_QUEUE="1"
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -83,7 +83,7 @@ async def test_two_engines_each_on_its_own_port_and_the_banner_states_the_memory
     assert sorted(engines) == ["engine-0", "engine-1"]
     assert engines["engine-0"]["port"] != engines["engine-1"]["port"]
     banner = parallel.stdout.read_text()
-    assert "2 side by side" in banner and "2 x one engine's memory" in banner
+    assert "engines: 2" in banner and "memory:         2 engines x ~" in banner, banner
     async with aiohttp.ClientSession() as session:
         for engine in engines.values():  # loopback only, and each engine wants its own key
             async with session.get(f"http://127.0.0.1:{engine['port']}/v1/models") as response:
