@@ -76,6 +76,7 @@ mkdir -p "$WORK/claude-project" "$WORK/claude-config"
 t="$(now)"
 (cd "$WORK/claude-project" && ANTHROPIC_BASE_URL="$URL" ANTHROPIC_API_KEY="sk-ant-local" DISABLE_TELEMETRY=1 \
     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CONFIG_DIR="$WORK/claude-config" \
+    API_TIMEOUT_MS="$((TURN_TIMEOUT * 1000))" CLAUDE_STREAM_IDLE_TIMEOUT_MS="$((TURN_TIMEOUT * 1000))" \
     timeout "$TURN_TIMEOUT" "$CLAUDE" -p "$PROMPT" --output-format json --max-turns 3 \
     </dev/null >"$WORK/claude.out" 2>"$WORK/claude.err")
 code=$?
@@ -111,6 +112,10 @@ name = "toolpair"
 base_url = "$URL/v1"
 wire_api = "responses"
 env_key = "TOOLPAIR_KEY"
+# A long prompt on a small CPU sends nothing for minutes before the first token.
+stream_idle_timeout_ms = $((TURN_TIMEOUT * 1000))
+stream_max_retries = 0
+request_max_retries = 0
 EOF
 t="$(now)"
 (cd "$WORK/codex-project" && CODEX_HOME="$WORK/codex-home" TOOLPAIR_KEY=local \
@@ -126,8 +131,10 @@ else
     tail -15 "$WORK/codex.out"
 fi
 
-echo "toolpair log: $(grep -c ' 200 ' "$WORK/serve.err" || true) lines with status 200," \
-    "$(grep -ciE 'error|traceback' "$WORK/serve.err" || true) with error or traceback"
-grep -iE 'traceback|error' "$WORK/serve.err" | head -5
+echo "requests toolpair answered (route status time):"
+grep 'toolpair.access' "$WORK/serve.err" | grep -v ' /ready ' | awk '{ print "  " $4, $5, $6, $7 }'
+if grep -qiE 'traceback|error' "$WORK/serve.err"; then
+    echo "toolpair logged errors:"; grep -iE 'traceback|error' "$WORK/serve.err" | head -5 | cut -c1-300
+fi
 [ "$failures" -eq 0 ] && echo "RESULT: both clients finished a turn" || echo "RESULT: $failures client(s) failed"
 exit "$failures"
