@@ -409,6 +409,8 @@ async def test_an_engine_that_cannot_load_the_model_stops_serve_with_its_log(tmp
     assert code == 1, log[-3000:]
     assert "the engine failed to start: exited with status" in log
     assert "failed to load model" in log  # the engine's own words, from its output
+    assert "error loading model: tensor" in log  # why, from early in its loader output (debug level)
+    assert len(log.splitlines()) <= 30, log  # the loader's dump itself stays out at the default level
     assert not children(process.pid)
 
 
