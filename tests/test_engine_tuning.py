@@ -21,10 +21,9 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.launch import free_port
 from engine_launcher.machine import physical_cores, usable_cores
 from proxy.cli import main
-from tests.test_serve import ROOT, alive, children, cmdline, launch_serve, wait_ready
+from tests.test_serve import ROOT, alive, children, cmdline, start_serve
 
 
 @dataclass
@@ -45,14 +44,7 @@ class Running:
 
 
 def _start(tmp: Path, *args: str) -> Running:
-    port = free_port()
-    process, out, err = launch_serve(tmp, "--port", str(port), *args)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, process))
-    except BaseException:
-        process.kill()
-        raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
+    process, url, out, err = start_serve(tmp, *args)
     lines = out.read_text().splitlines() + err.read_text().splitlines()
     return Running(process, url, out, err, lines)
 
