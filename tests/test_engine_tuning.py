@@ -8,6 +8,7 @@ own words, which show the prompt cache at work). Waits are for conditions, never
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -244,3 +245,45 @@ def test_serve_help_groups_the_engine_knobs() -> None:
         assert flag in out, flag
     for flag in ("--split-mode", "--tensor-split", "--prompt-cache-size", "--engine-arg KEY=VALUE", "--logprobs"):
         assert flag in out, flag
+
+
+_CACHE_PROBE = """
+import json, sys
+import llama_cpp
+from engine_launcher.engine_main import bound_prompt_cache
+if sys.argv[2] == "fixed":
+    bound_prompt_cache()
+model = llama_cpp.Llama(sys.argv[1], n_ctx=1024, n_batch=64, logits_all=False, verbose=False)
+cache = llama_cpp.LlamaRAMCache(capacity_bytes=1 << 30)
+model.set_cache(cache)
+prompt = " ".join(f"Note {i}: keep the {i}th lamp lit." for i in range(12))
+model.create_completion(prompt, max_tokens=1, temperature=0)
+model.create_completion("Name a colour.", max_tokens=1, temperature=0)
+again = model.create_completion(prompt + " And", max_tokens=1, temperature=0)
+states = list(cache.cache_state.values())
+print(json.dumps({"entries": len(states), "scores": max(int(s.scores.nbytes) for s in states),
+                  "counted": int(cache.cache_size), "llama_states": sum(int(s.llama_state_size) for s in states),
+                  "text": again["choices"][0]["text"]}))
+"""
+
+
+def test_a_saved_state_holds_one_logits_row_and_the_cache_counts_all_it_holds() -> None:
+    """engine_main's fix: a saved state carried up to n_batch x n_vocab float32 logits (512 MiB) uncounted."""
+    from tests.real_engine import bundled_model
+
+    def probe(mode: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", _CACHE_PROBE, str(bundled_model()), mode],
+            capture_output=True, text=True, cwd=ROOT, timeout=600, check=True,
+        )  # fmt: skip
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+
+    fixed, stock = probe("fixed"), probe("stock")
+    vocab_row = 262144 * 4
+    # Stock: the longer prompt's state carries n_batch rows (64 here, 512 by default: 512 MiB) uncounted.
+    assert stock["scores"] == 64 * vocab_row and stock["counted"] == stock["llama_states"]
+    assert fixed["entries"] == stock["entries"] >= 2
+    assert fixed["scores"] == vocab_row  # one row, 1 MiB
+    assert fixed["counted"] > fixed["llama_states"] + fixed["entries"] * vocab_row  # every array counted
+    assert fixed["text"] == stock["text"]  # the restored compact state answers the same
