@@ -67,7 +67,9 @@ def default_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]
 
 @pytest.fixture(scope="module")
 def debug_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    running = _start(tmp_path_factory.mktemp("debug"), "--log-level", "debug", "--ctx-size", "8192")
+    # Engine knobs by llama-server's names, each of which must reach the engine and work there.
+    knobs = "-c 8192 -t 1 -tb 2 -b 256 -ub 256 -fa on --cache-type-k q8_0 --cache-type-v q8_0 --engine-arg seed=7"
+    running = _start(tmp_path_factory.mktemp("debug"), "--log-level", "debug", *knobs.split())
     yield running
     _stop(running)
 
@@ -193,6 +195,17 @@ async def test_a_long_conversation_resumed_after_another_reuses_its_prefix(debug
             await asyncio.sleep(0.05)
     # ... and the resumed turn skipped reading the long prefix again (a generous margin: the target is 25%).
     assert resumed < cold * 0.5, (cold, resumed)
+
+
+async def test_knobs_reach_the_engine_by_the_servers_names(debug_serve: Running) -> None:
+    argv = cmdline(debug_serve.engine_pid())
+    options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    wanted = {"--n_ctx": "8192", "--n_threads": "1", "--n_threads_batch": "2", "--n_batch": "256", "--n_ubatch": "256"}
+    wanted |= {"--flash_attn": "True", "--type_k": "8", "--type_v": "8", "--seed": "7"}
+    assert {key: options.get(key) for key in wanted} == wanted
+    status, answer = await post(debug_serve.url, "/v1/chat/completions", {**_CHAT, "messages": OTHER})
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None
+    assert "q8_0" in debug_serve.log()  # the engine's own account of its KV cache, at debug level
 
 
 # --- part 3: the knobs, checked before anything starts ------------------------------------------
