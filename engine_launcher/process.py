@@ -183,7 +183,11 @@ _REPORT_MAX_LINES = 1000
 _REPORT_LEFT_OUT = "(its report of a failed request is left out: it may quote the request; log_bodies shows it)"
 # The engine's output is its loader dump (a thousand lines and more), uvicorn's access lines and
 # per-request timings: debug. What says something went wrong reaches the default log level.
-_LOUD = re.compile(r"(ERROR|CRITICAL|WARNING):\s|Traceback \(most recent call last\)|Exception: ")
+_LOUD = re.compile(r"(ERROR|CRITICAL|WARNING):\s|Exception: ")
+# Earlier lines a failed start quotes besides the last ones: the loader says why long before the
+# traceback that ends the process.
+_WHY = re.compile(r"\berror\b|failed|cannot|unable|out of memory", re.IGNORECASE)
+_TAIL_LINES = 15
 
 
 class EngineSupervisor:
@@ -402,8 +406,14 @@ class EngineSupervisor:
         self._exit_reason = None
         await self._crashed(reason, was_ready=state is EngineState.READY)
 
+    def _last_output(self) -> list[str]:
+        """The engine's last lines, after any earlier ones that say what went wrong."""
+        lines = list(self._lines)
+        earlier = [line for line in lines[:-_TAIL_LINES] if _WHY.search(line)][-5:]
+        return [*earlier, "...", *lines[-_TAIL_LINES:]] if earlier else lines[-_TAIL_LINES:]
+
     async def _crashed(self, reason: str, *, was_ready: bool) -> None:
-        tail = "\n".join(f"  | {line}" for line in self.recent_log(15))
+        tail = "\n".join(f"  | {line}" for line in self._last_output())
         detail = f"engine {reason}" + (f"; its last output:\n{tail}" if tail else "")
         if not self._ever_ready:
             self._give_up(f"the engine failed to start: {reason}" + (f"; its last output:\n{tail}" if tail else ""))

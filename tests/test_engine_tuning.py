@@ -8,6 +8,7 @@ own words, which show the prompt cache at work). Waits are for conditions, never
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -21,10 +22,9 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.launch import free_port
 from engine_launcher.machine import physical_cores, usable_cores
 from proxy.cli import main
-from tests.test_serve import ROOT, alive, children, cmdline, launch_serve, wait_ready
+from tests.test_serve import ROOT, alive, children, cmdline, start_serve
 
 
 @dataclass
@@ -45,14 +45,7 @@ class Running:
 
 
 def _start(tmp: Path, *args: str) -> Running:
-    port = free_port()
-    process, out, err = launch_serve(tmp, "--port", str(port), *args)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, process))
-    except BaseException:
-        process.kill()
-        raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
+    process, url, out, err = start_serve(tmp, *args)
     lines = out.read_text().splitlines() + err.read_text().splitlines()
     return Running(process, url, out, err, lines)
 
@@ -74,7 +67,9 @@ def default_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]
 
 @pytest.fixture(scope="module")
 def debug_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    running = _start(tmp_path_factory.mktemp("debug"), "--log-level", "debug", "--ctx-size", "8192")
+    # Engine knobs by llama-server's names, each of which must reach the engine and work there.
+    knobs = "-c 8192 -t 1 -tb 2 -b 256 -ub 256 -fa on --cache-type-k q8_0 --cache-type-v q8_0 --engine-arg seed=7"
+    running = _start(tmp_path_factory.mktemp("debug"), "--log-level", "debug", *knobs.split())
     yield running
     _stop(running)
 
@@ -202,6 +197,17 @@ async def test_a_long_conversation_resumed_after_another_reuses_its_prefix(debug
     assert resumed < cold * 0.5, (cold, resumed)
 
 
+async def test_knobs_reach_the_engine_by_the_servers_names(debug_serve: Running) -> None:
+    argv = cmdline(debug_serve.engine_pid())
+    options = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    wanted = {"--n_ctx": "8192", "--n_threads": "1", "--n_threads_batch": "2", "--n_batch": "256", "--n_ubatch": "256"}
+    wanted |= {"--flash_attn": "True", "--type_k": "8", "--type_v": "8", "--seed": "7"}
+    assert {key: options.get(key) for key in wanted} == wanted
+    status, answer = await post(debug_serve.url, "/v1/chat/completions", {**_CHAT, "messages": OTHER})
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None
+    assert "q8_0" in debug_serve.log()  # the engine's own account of its KV cache, at debug level
+
+
 # --- part 3: the knobs, checked before anything starts ------------------------------------------
 
 
@@ -252,3 +258,45 @@ def test_serve_help_groups_the_engine_knobs() -> None:
         assert flag in out, flag
     for flag in ("--split-mode", "--tensor-split", "--prompt-cache-size", "--engine-arg KEY=VALUE", "--logprobs"):
         assert flag in out, flag
+
+
+_CACHE_PROBE = """
+import json, sys
+import llama_cpp
+from engine_launcher.engine_main import bound_prompt_cache
+if sys.argv[2] == "fixed":
+    bound_prompt_cache()
+model = llama_cpp.Llama(sys.argv[1], n_ctx=1024, n_batch=64, logits_all=False, verbose=False)
+cache = llama_cpp.LlamaRAMCache(capacity_bytes=1 << 30)
+model.set_cache(cache)
+prompt = " ".join(f"Note {i}: keep the {i}th lamp lit." for i in range(12))
+model.create_completion(prompt, max_tokens=1, temperature=0)
+model.create_completion("Name a colour.", max_tokens=1, temperature=0)
+again = model.create_completion(prompt + " And", max_tokens=1, temperature=0)
+states = list(cache.cache_state.values())
+print(json.dumps({"entries": len(states), "scores": max(int(s.scores.nbytes) for s in states),
+                  "counted": int(cache.cache_size), "llama_states": sum(int(s.llama_state_size) for s in states),
+                  "text": again["choices"][0]["text"]}))
+"""
+
+
+def test_a_saved_state_holds_one_logits_row_and_the_cache_counts_all_it_holds() -> None:
+    """engine_main's fix: a saved state carried up to n_batch x n_vocab float32 logits (512 MiB) uncounted."""
+    from tests.real_engine import bundled_model
+
+    def probe(mode: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", _CACHE_PROBE, str(bundled_model()), mode],
+            capture_output=True, text=True, cwd=ROOT, timeout=600, check=True,
+        )  # fmt: skip
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+
+    fixed, stock = probe("fixed"), probe("stock")
+    vocab_row = 262144 * 4
+    # Stock: the longer prompt's state carries n_batch rows (64 here, 512 by default: 512 MiB) uncounted.
+    assert stock["scores"] == 64 * vocab_row and stock["counted"] == stock["llama_states"]
+    assert fixed["entries"] == stock["entries"] >= 2
+    assert fixed["scores"] == vocab_row  # one row, 1 MiB
+    assert fixed["counted"] > fixed["llama_states"] + fixed["entries"] * vocab_row  # every array counted
+    assert fixed["text"] == stock["text"]  # the restored compact state answers the same

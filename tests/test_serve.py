@@ -115,17 +115,27 @@ async def wait_ready(url: str, process: subprocess.Popen[bytes], within: float =
     raise AssertionError("toolpair serve did not become ready")
 
 
+def start_serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
+    """``toolpair serve`` on a free port, returned once /ready answers 200 (or killed, with its log)."""
+    port = free_port()
+    process, out, err = launch_serve(tmp, "--port", str(port), *args, **env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_ready(url, process))
+    except BaseException:
+        process.kill()
+        raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
+    return process, url, out, err
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("serve")
-    port = free_port()
     started = time.monotonic()
     # n_ctx 4096, logprobs and no prompt cache match the session's real_engine, so their logprobs
     # are comparable (a prompt restored from the cache is evaluated in other batches).
-    process, out, err = launch_serve(
+    process, url, out, err = start_serve(
         tmp,
-        "--port",
-        str(port),
         "--ctx-size",
         "4096",
         "--logprobs",
@@ -134,12 +144,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         TOOLPAIR_MAX_QUEUE="1",
         TOOLPAIR_SHUTDOWN_GRACE="60",
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, process))
-    except BaseException:
-        process.kill()
-        raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
     served = Served(process, url, out, err, time.monotonic() - started)
     yield served
     if process.poll() is None:  # the last test normally stops it
@@ -409,6 +413,8 @@ async def test_an_engine_that_cannot_load_the_model_stops_serve_with_its_log(tmp
     assert code == 1, log[-3000:]
     assert "the engine failed to start: exited with status" in log
     assert "failed to load model" in log  # the engine's own words, from its output
+    assert "error loading model: tensor" in log  # why, from early in its loader output (debug level)
+    assert len(log.splitlines()) <= 30, log  # the loader's dump itself stays out at the default level
     assert not children(process.pid)
 
 
