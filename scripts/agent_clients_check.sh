@@ -11,6 +11,7 @@
 #   scripts/agent_clients_check.sh            # needs `make .venv/.deps-serve` and `toolpair engine install`
 #   CLI_PREFIX=/opt/agents TURN_TIMEOUT=1800 scripts/agent_clients_check.sh
 #   EXTRA_SERVE_ARGS="--parallel 2" scripts/agent_clients_check.sh
+#   CLIENTS=codex scripts/agent_clients_check.sh     # one of them only
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,6 +21,7 @@ CLI_PREFIX="${CLI_PREFIX:-${TOOLPAIR_CACHE:-$HOME/.cache/toolpair}/agent-clients
 TURN_TIMEOUT="${TURN_TIMEOUT:-1200}"    # seconds per CLI turn: a 13k-token prompt takes minutes on a small CPU
 READY_TIMEOUT="${READY_TIMEOUT:-600}"
 PROMPT="${PROMPT:-Say hello in one short sentence.}"
+CLIENTS="${CLIENTS:-claude codex}"
 
 WORK="$(mktemp -d -t toolpair-agents-XXXXXX)"
 SERVE_PID=""
@@ -72,6 +74,7 @@ problem() { # the first API error or context overflow a CLI printed, if any
 }
 
 # --- 3. Claude Code: one -p turn -----------------------------------------------------------
+if [[ " $CLIENTS " == *" claude "* ]]; then
 mkdir -p "$WORK/claude-project" "$WORK/claude-config"
 t="$(now)"
 (cd "$WORK/claude-project" && ANTHROPIC_BASE_URL="$URL" ANTHROPIC_API_KEY="sk-ant-local" DISABLE_TELEMETRY=1 \
@@ -100,8 +103,10 @@ else
     report "claude -p" "$t" fail "exit $code; ${verdict#* } ${found}"
     tail -5 "$WORK/claude.err"
 fi
+fi
 
 # --- 4. Codex CLI: one exec turn -----------------------------------------------------------
+if [[ " $CLIENTS " == *" codex "* ]]; then
 mkdir -p "$WORK/codex-home" "$WORK/codex-project"
 cat >"$WORK/codex-home/config.toml" <<EOF
 model = "local-model"
@@ -130,11 +135,12 @@ else
     report "codex exec" "$t" fail "exit $code; $found"
     tail -15 "$WORK/codex.out"
 fi
+fi
 
 echo "requests toolpair answered (route status time):"
 grep 'toolpair.access' "$WORK/serve.err" | grep -v ' /ready ' | awk '{ print "  " $4, $5, $6, $7 }'
 if grep -qiE 'traceback|error' "$WORK/serve.err"; then
     echo "toolpair logged errors:"; grep -iE 'traceback|error' "$WORK/serve.err" | head -5 | cut -c1-300
 fi
-[ "$failures" -eq 0 ] && echo "RESULT: both clients finished a turn" || echo "RESULT: $failures client(s) failed"
+[ "$failures" -eq 0 ] && echo "RESULT: every client ($CLIENTS) finished a turn" || echo "RESULT: $failures client(s) failed"
 exit "$failures"
