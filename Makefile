@@ -4,13 +4,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench bench-normalize clean
+.PHONY: test lint unit serve bench bench-normalize clean system-deps scale-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.deps-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[test,lint,model]'
+	$(PIP) install -e '.[test,lint,model,redis,parquet]'
 	touch $@
 
 $(VENV)/.deps-serve: pyproject.toml | $(VENV)/bin/python
@@ -22,7 +22,19 @@ lint: $(VENV)/.deps-test
 	$(PY) -m ruff format --check proxy engine_launcher
 	$(PY) -m mypy
 
-unit: $(VENV)/.deps-test
+# Debian packages the tests run for real: redis-server (the shared Responses store) and nginx
+# (the balancer in front of replicas). Installed only when missing.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing="$$missing redis-server"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+unit: $(VENV)/.deps-test system-deps
 	$(VENV)/bin/toolpair engine install --backend cpu
 	$(PY) -m pytest -q
 
@@ -33,6 +45,10 @@ test: lint unit
 serve: $(VENV)/.deps-serve
 	$(VENV)/bin/toolpair engine install $(if $(BACKEND),--backend $(BACKEND))
 	$(VENV)/bin/toolpair serve $(ARGS)
+
+# Two replicas behind nginx with a shared Redis, on loopback, under load (docs/replicas.md).
+scale-check: $(VENV)/.deps-test system-deps
+	scripts/scale_check.sh
 
 bench: $(VENV)/.deps-test
 	$(PY) bench/proxy_overhead.py

@@ -1,19 +1,30 @@
-"""Throughput of ``toolpair normalize`` on a generated agent dataset (a benchmark, not a test).
+"""Throughput of ``toolpair normalize`` on generated datasets (a benchmark, not a test).
 
-Generates a JSONL dataset of agent traces (default 256 MB): OpenAI chat,
-Anthropic and Responses records with tool definitions and long tool outputs,
-plus ShareGPT records without IDs. About 20% of the records hold a run whose
-results arrived out of call order; a few hold runs that must keep their order.
-Then it runs the real command (``python -m proxy normalize``) on it with one
-worker and with two, and with ``--check``, and prints MB/s of input. The file
-is read from the page cache after generation, so this measures the CPU path.
+Two shapes, each generated once and then normalized by the real command
+(``python -m proxy normalize``) with one worker, two workers and ``--check``:
 
-    python bench/normalize_throughput.py [--mb 256] [--dir DIR] [--keep]
+- ``long``: agent traces of about 8.6 KB a record (default 256 MB): OpenAI chat,
+  Anthropic and Responses records with tool definitions and long tool outputs,
+  plus ShareGPT records without IDs. About 20% of the records hold a run whose
+  results arrived out of call order; a few hold runs that must keep their order.
+- ``short``: a chat-format tool-calling dataset of about 1 KB a record (default
+  105 MB): half are one assistant turn with two parallel calls and their two
+  results (a fifth of those arrived reversed), half plain user/assistant turns.
+
+It prints MB/s of input (wall clock) and MB per CPU-second (the workers'
+included), which is the steadier figure on a machine others are using too. The
+file is read from the page cache after generation, so this measures the CPU
+path. ``--against DIR`` runs the same commands from another checkout (say, the
+main branch), interleaved with this one's, and prints the ratio.
+
+    python bench/normalize_throughput.py [--shape both|long|short] [--mb 256] [--short-mb 105]
+                                         [--against DIR] [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import random
@@ -22,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -228,7 +240,7 @@ def sharegpt_record(rng: random.Random) -> dict[str, Any]:
     return {"conversations": turns, "source": "sharegpt"}
 
 
-def record(rng: random.Random) -> dict[str, Any]:
+def long_record(rng: random.Random) -> dict[str, Any]:
     form = rng.random()
     if form < 0.15:
         return sharegpt_record(rng)
@@ -241,24 +253,56 @@ def record(rng: random.Random) -> dict[str, Any]:
     return responses_record(rng, shuffle, broken)
 
 
-def generate(path: Path, megabytes: int, seed: int = 7) -> int:
+def short_record(rng: random.Random) -> dict[str, Any]:
+    """About 1 KB: a tool round with two parallel calls (a fifth reversed), or a plain exchange."""
+    if rng.random() < 0.5:
+        return {
+            "messages": [
+                {"role": "user", "content": text(rng, rng.randint(40, 80))},
+                {"role": "assistant", "content": text(rng, rng.randint(90, 140))},
+            ]
+        }
+    ids = [f"call_{rng.getrandbits(64):016x}" for _ in range(2)]
+    names = [rng.choice(TOOLS)[0] for _ in ids]
+    calls = [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps({"query": text(rng, 3)})}}
+        for i, n in zip(ids, names, strict=True)
+    ]
+    order = [1, 0] if rng.random() < 0.2 else [0, 1]
+    return {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant with tools."},
+            {"role": "user", "content": text(rng, rng.randint(10, 25))},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            *({"role": "tool", "tool_call_id": ids[i], "name": names[i], "content": text(rng, 25)} for i in order),
+            {"role": "assistant", "content": text(rng, rng.randint(20, 45))},
+        ]
+    }
+
+
+SHAPES: dict[str, Callable[[random.Random], dict[str, Any]]] = {"long": long_record, "short": short_record}
+
+
+def generate(path: Path, shape: str, megabytes: int, seed: int = 7) -> int:
     """Write the dataset; returns the number of records."""
+    make = SHAPES[shape]
     rng = random.Random(seed)
     limit = megabytes * 1_000_000
     written = count = 0
     with path.open("wb", buffering=1 << 20) as out:
         while written < limit:
-            line = orjson.dumps(record(rng)) + b"\n"
+            line = orjson.dumps(make(rng)) + b"\n"
             out.write(line)
             written += len(line)
             count += 1
     return count
 
 
-def run(args: list[str]) -> tuple[float, float, int]:
+def run(root: Path, args: list[str]) -> tuple[float, float, int]:
     """Run the real command once: wall seconds, CPU seconds (workers included), peak memory in KiB."""
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "proxy", "normalize", *args], cwd=ROOT, stderr=subprocess.DEVNULL)
+    command = [sys.executable, "-m", "proxy", "normalize", *args]
+    child = subprocess.Popen(command, cwd=root, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)
     elapsed = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -267,64 +311,84 @@ def run(args: list[str]) -> tuple[float, float, int]:
     return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 
-def best_of(repeat: int, args: list[str], fresh: Path | None) -> tuple[float, float, int]:
-    results = []
-    for _ in range(repeat):
-        if fresh is not None:  # replacing a big file costs the filesystem, not toolpair
-            fresh.unlink(missing_ok=True)
-        results.append(run(args))
-    return min(results)
-
-
 def count_lines(path: Path) -> int:
     with path.open("rb") as f:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
+def load() -> str:
+    return "load average " + " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+def bench_shape(shape: str, megabytes: int, workdir: Path, repeat: int, roots: dict[str, Path]) -> dict[str, float]:
+    """Generate one shape, run every configuration from every checkout; MB/s of the best run of each."""
+    data = workdir / f"{shape}.jsonl"
+    started = time.perf_counter()
+    records = generate(data, shape, megabytes)
+    size = data.stat().st_size
+    print(
+        f"\n{shape}: {size / 1e6:.0f} MB, {records} records, avg {size / records / 1e3:.2f} KB/record "
+        f"(generated in {time.perf_counter() - started:.0f} s; {load()})"
+    )
+    out1, out2, report = workdir / "out1.jsonl", workdir / "out2.jsonl", workdir / "report.json"
+    configs: dict[str, tuple[list[str], Path | None]] = {
+        "1 worker": (["-o", str(out1), "--report", str(report)], out1),
+        "2 workers": (["-o", str(out2), "--workers", "2"], out2),
+        "--check, 1 worker": (["--check"], None),
+    }
+    results: dict[str, float] = {}
+    cpu_rates: dict[str, float] = {}
+    for label, (extra, fresh) in configs.items():
+        best: dict[str, tuple[float, float, int]] = {}
+        for _ in range(repeat):
+            for name, root in reversed(roots.items()):  # interleaved, so both see the same load; this last
+                if fresh is not None:  # replacing a big file costs the filesystem, not toolpair
+                    fresh.unlink(missing_ok=True)
+                best[name] = min(best.get(name, (float("inf"), 0.0, 0)), run(root, [str(data), *extra]))
+        for name, (seconds, cpu, peak_kib) in best.items():
+            results[f"{name} {label}"] = size / 1e6 / seconds
+            print(
+                f"{name:>8} {label:>18}: {size / 1e6 / seconds:6.1f} MB/s  ({seconds:.2f} s wall, {cpu:.2f} s CPU = "
+                f"{size / 1e6 / cpu:.0f} MB per CPU-second, peak memory {peak_kib / 1024:.0f} MiB)"
+            )
+        cpu_rates[label] = size / 1e6 / best["this"][1]
+        if "against" in best:
+            print(f"{'':>8} {label:>18}: this / against = {best['against'][0] / best['this'][0]:.2f}x")
+    same = filecmp.cmp(out1, out2, shallow=False)
+    print(f"1 and 2 workers wrote the same bytes: {same}; lines in {count_lines(data)}, out {count_lines(out1)}")
+    summary = json.loads(report.read_text())
+    share = summary["records_changed"] / summary["records_read"]
+    print(
+        f"records changed: {summary['records_changed']} of {summary['records_read']} ({share:.1%}), "
+        f"runs reordered {summary['runs_reordered']}, in order {summary['runs_in_order']}, "
+        f"kept {summary['runs_kept']}; {load()}"
+    )
+    verdict = "met" if results["this 1 worker"] >= TARGET_MBPS else "NOT met"
+    per_cpu = "met" if cpu_rates["1 worker"] >= TARGET_MBPS else "NOT met"
+    print(
+        f"{shape}: target >= {TARGET_MBPS:.0f} MB/s with one worker: {verdict} in wall time, {per_cpu} per "
+        f"CPU-second (cpus: {os.cpu_count()}; {load()})"
+    )
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=int, default=256, help="dataset size in MB (default 256)")
+    parser.add_argument("--shape", choices=["both", *SHAPES], default="both", help="which dataset (default both)")
+    parser.add_argument("--mb", type=int, default=256, help="long dataset size in MB (default 256)")
+    parser.add_argument("--short-mb", type=int, default=105, help="short dataset size in MB (default 105)")
+    parser.add_argument("--against", type=Path, help="another checkout to run the same commands from")
     parser.add_argument("--dir", type=Path, help="where to write the dataset (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best is reported")
     args = parser.parse_args()
 
+    roots = {"this": ROOT, **({"against": args.against.resolve()} if args.against else {})}
+    sizes = {"long": args.mb, "short": args.short_mb}
     workdir = Path(tempfile.mkdtemp(prefix="toolpair-bench-", dir=args.dir))
     try:
-        data, out, report = workdir / "agents.jsonl", workdir / "out.jsonl", workdir / "report.json"
-        started = time.perf_counter()
-        records = generate(data, args.mb)
-        size = data.stat().st_size
-        print(
-            f"dataset: {size / 1e6:.0f} MB, {records} records, avg {size / records / 1e3:.1f} KB/record "
-            f"(generated in {time.perf_counter() - started:.0f} s)"
-        )
-        other = workdir / "out2.jsonl"
-        configs: dict[str, tuple[list[str], Path | None]] = {
-            "1 worker": (["-o", str(out), "--report", str(report)], out),
-            "2 workers": (["-o", str(other), "--workers", "2"], other),
-            "--check, 1 worker": (["--check"], None),
-        }
-        results: dict[str, float] = {}
-        for label, (extra, fresh) in configs.items():
-            seconds, cpu, peak_kib = best_of(args.repeat, [str(data), *extra], fresh)
-            results[label] = size / 1e6 / seconds
-            print(
-                f"{label:>20}: {results[label]:6.1f} MB/s  ({seconds:.2f} s wall, {cpu:.2f} s CPU = "
-                f"{size / 1e6 / cpu:.0f} MB per CPU-second, peak memory {peak_kib / 1024:.0f} MiB)"
-            )
-        same = out.read_bytes() == other.read_bytes()
-        lines_in, lines_out = count_lines(data), count_lines(out)
-        print(f"1 and 2 workers wrote the same bytes: {same}; lines in {lines_in}, lines out {lines_out}")
-        summary = json.loads(report.read_text())
-        share = summary["records_changed"] / summary["records_read"]
-        print(
-            f"records changed: {summary['records_changed']} of {summary['records_read']} ({share:.1%}), "
-            f"runs reordered {summary['runs_reordered']}, in order {summary['runs_in_order']}, "
-            f"kept {summary['runs_kept']}"
-        )
-        verdict = "met" if results["1 worker"] >= TARGET_MBPS else "NOT met"
-        print(f"target >= {TARGET_MBPS:.0f} MB/s with one worker: {verdict} (cpus: {os.cpu_count()})")
+        for shape in SHAPES if args.shape == "both" else [args.shape]:
+            bench_shape(shape, sizes[shape], workdir, args.repeat, roots)
         return 0
     finally:
         if args.keep:

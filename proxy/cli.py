@@ -33,7 +33,7 @@ commands:
   serve      run llama-cpp-python for you (the bundled model by default), with toolpair in front
   engine     build and install llama-cpp-python for this machine (engine install), or show
              which backend this machine would get (engine detect)
-  normalize  put tool results in JSONL datasets into call order, with the proxy's rules
+  normalize  put tool results in JSONL or Parquet datasets into call order, with the proxy's rules
 """
 
 
@@ -45,6 +45,15 @@ def _add_listen_options(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json, one object per line")
     parser.add_argument(
         "--api-keys-file", metavar="FILE", help="API keys clients must send, one per line (also TOOLPAIR_API_KEYS)"
+    )
+
+
+def _add_store_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    # shared Responses store for replicas (issue 14)
+    parser.add_argument(
+        "--responses-store",
+        metavar="WHERE",
+        help="where stored Responses live: memory (default) or redis://HOST:PORT/DB, shared by replicas",
     )
 
 
@@ -230,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(translate); auto: native for llama-server, translate otherwise",
     )
     _add_engine_options(proxy)
+    _add_store_options(proxy)
     proxy.add_argument(
         "--messages-mode",
         choices=["auto", "native", "translate"],
@@ -258,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N engines of the model side by side, N times the memory; each gets 1/N of the cores "
         "unless -t/-tb say otherwise (default 1; see docs/parallel.md)",
     )
-    _add_listen_options(serve.add_argument_group("listening and logging"))
+    listening = serve.add_argument_group("listening, logging and the Responses store")
+    _add_store_options(listening)
+    _add_listen_options(listening)
     serve.set_defaults(run=_run_serve)
 
     engine = commands.add_parser("engine", help="build and install the managed engine")
@@ -283,30 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_normalize_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    normalize = commands.add_parser(
-        "normalize",
-        help="put tool results in JSONL datasets into call order",
-        description=(
-            "Rewrite a JSONL dataset of chat, Anthropic or Responses records so that each run of tool "
-            "results is in call order, with the rules the proxy applies. Every input line gives one "
-            "output line; records that do not change are written back byte for byte, lines that are "
-            "not JSON are copied through and counted. IN may be '-' (stdin) and may be gzip. "
-            "Exit status: 0 done, 1 --check found records that would change, 2 a file problem."
-        ),
-    )
-    normalize.add_argument("input", metavar="IN", help="JSONL or JSONL.gz file, or - for stdin")
-    target = normalize.add_mutually_exclusive_group()
-    target.add_argument("-o", "--output", metavar="OUT", help="write here (.gz compresses); default stdout")
-    target.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if any record would change (for CI)"
-    )
-    normalize.add_argument("--report", metavar="FILE", help="write counts, kept-run reasons and bad lines as JSON")
-    normalize.add_argument("--workers", type=_positive, default=1, metavar="N", help="processes to use (default 1)")
-    normalize.add_argument(
-        "--validate",
-        action="store_true",
-        help="also parse lines without tool-result IDs, so bad ones among them are counted (slower)",
-    )
+    from proxy.normalize.cli import DESCRIPTION, HELP, add_arguments
+
+    normalize = commands.add_parser("normalize", help=HELP, description=DESCRIPTION)
+    add_arguments(normalize)
     normalize.set_defaults(run=_run_normalize)
 
 
@@ -331,7 +323,9 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
     from proxy.server import create_app
 
-    settings = _settings(args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format")
+    settings = _settings(
+        args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format", "responses_store"
+    )
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     _setup_logging(settings)
@@ -365,37 +359,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def _run_normalize(args: argparse.Namespace) -> int:
-    import os
+    from proxy.normalize.cli import run_args
 
-    from proxy.normalize_cli import NormalizeFailed, NormalizeJob, run_normalize
-
-    job = NormalizeJob(
-        source=args.input,
-        output=args.output,
-        check=args.check,
-        report=args.report,
-        workers=args.workers,
-        validate=args.validate,
-    )
-    try:
-        return run_normalize(job)
-    except NormalizeFailed as exc:
-        print(f"toolpair normalize: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        # The reader of stdout went away: end quietly, and keep Python from
-        # complaining when it flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except KeyboardInterrupt:
-        return 130  # run_normalize has already removed any half-written output
+    return run_args(args)
 
 
 def serve_settings(args: argparse.Namespace) -> Settings:
     """serve's settings: its flags over TOOLPAIR_* variables over the config file over defaults."""
     if isinstance(args.engine_flash_attn, str):
         args.engine_flash_attn = _FLASH_ATTN[args.engine_flash_attn]  # auto: None, the engine's default
-    return _settings(args, *SERVE_ENGINE_SETTINGS, "engine_parallel")
+    return _settings(args, "responses_store", *SERVE_ENGINE_SETTINGS, "engine_parallel")
 
 
 def _run_serve(args: argparse.Namespace) -> int:

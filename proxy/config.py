@@ -47,6 +47,9 @@ class Settings:
     responses_mode: str = "auto"
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
+    # shared Responses store for replicas (issue 14): memory, or redis://HOST:PORT/DB
+    responses_store: str = "memory"
+    responses_store_ttl: float | None = 30 * 24 * 3600.0
     # production: API keys, metrics, logs (issue 8). Secrets are kept out of repr().
     api_keys: list[str] = field(default_factory=list, repr=False)
     api_keys_file: str | None = None

@@ -13,6 +13,7 @@ Exception tree (each knows its HTTP status and error type)::
     │   └── UpstreamStatusError   4xx/5xx  the engine refused a translated request
     ├── EngineUnavailableError    503  the managed engine is not ready
     ├── QueueFullError            429  the managed engine's queue is full
+    ├── StoreUnavailableError     503  the shared Responses store (Redis) cannot be reached
     └── AuthenticationError       401  no API key, or not one of toolpair's keys
 
 Each error is turned into bytes in exactly one place, :func:`error_body`, in
@@ -38,6 +39,7 @@ __all__ = [
     "NotFoundError",
     "PromptTooLongError",
     "QueueFullError",
+    "StoreUnavailableError",
     "ToolpairError",
     "UpstreamError",
     "UpstreamStatusError",
@@ -220,6 +222,19 @@ class QueueFullError(ToolpairError):
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class StoreUnavailableError(ToolpairError):
+    """Raised when a request needs the shared Responses store and Redis does not answer.
+
+    Only requests that read or write stored responses get it; the rest keep working.
+    """
+
+    status = 503
+    openai_type = "server_error"
+    anthropic_type = "overloaded_error"
+    code = "store_unavailable"
+    retry_after = 2
 
 
 class AuthenticationError(ToolpairError):

@@ -3,7 +3,7 @@
 Native mode (an engine that serves the Responses API itself, such as llama-server)
 forwards the request after putting tool outputs into call order. Translate mode serves
 it through the engine's Chat Completions, answering as the Responses API does, with the
-bounded in-memory store behind ``previous_response_id``.
+bounded store (in memory, or shared in Redis) behind ``previous_response_id``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -24,7 +24,7 @@ from proxy.adapt import refuse_responses_logprobs
 from proxy.chat import decode_body
 from proxy.chat_upstream import chat_completion, chat_stream
 from proxy.config import ConfigError, Settings
-from proxy.errors import Dialect, ToolpairError, UpstreamError
+from proxy.errors import Dialect, StoreUnavailableError, ToolpairError, UpstreamError
 from proxy.privacy import log_message
 from proxy.queueing import conversation_key
 from proxy.responses import (
@@ -36,7 +36,7 @@ from proxy.responses import (
     previous_response_id,
     translate_request,
 )
-from proxy.responses_store import ResponseStore
+from proxy.responses_store import StoredResponse, StoredResponses, create_response_store
 from proxy.server import ADMISSION, ENGINE, SETTINGS, UPSTREAM, error_response, read_body, relay
 from proxy.trace import trace_of
 from proxy.upstream import forwardable_headers
@@ -45,10 +45,11 @@ __all__ = ["RESPONSES_STORE", "register_responses_routes", "responses_mode"]
 
 log = logging.getLogger("toolpair")
 
-RESPONSES_STORE = web.AppKey("responses_store", ResponseStore)
+RESPONSES_STORE: web.AppKey[StoredResponses] = web.AppKey("responses_store")
 _DROPPED_SEEN: web.AppKey[set[str]] = web.AppKey("responses_dropped_seen")
 _PATHS = ("/v1/responses", "/responses")
 _DROPPED_HEADER = "X-Toolpair-Dropped-Tools"
+_STORE_HEADER = "X-Toolpair-Store"  # "failed": answered, but the store lost it (see _keep)
 _ENGINE_HEADERS = ("authorization",)  # what a translated request takes from the client (an engine key)
 
 
@@ -74,12 +75,20 @@ def register_responses_routes(app: web.Application) -> None:
         for path in _PATHS:
             app.router.add_post(path, native_response)
         return
-    app[RESPONSES_STORE] = ResponseStore(settings.responses_store_max_entries, settings.responses_store_max_bytes)
+    app[RESPONSES_STORE] = create_response_store(settings)
+    app.cleanup_ctx.append(_store_lifetime)
     app[_DROPPED_SEEN] = set()
     for path in _PATHS:
         app.router.add_post(path, create_response)
         app.router.add_get(path + "/{response_id}", get_response)
         app.router.add_delete(path + "/{response_id}", delete_response)
+
+
+async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
+    store = app[RESPONSES_STORE]
+    await store.start()
+    yield
+    await store.close()
 
 
 async def native_response(request: web.Request) -> web.StreamResponse:
@@ -129,9 +138,25 @@ def _dropped(request: web.Request, plan: ResponsesPlan) -> dict[str, str]:
     return {_DROPPED_HEADER: value}
 
 
-def _keep(request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int) -> None:
-    if plan.store:
-        request.app[RESPONSES_STORE].put(response["id"], [*plan.items, *response["output"]], response, size=size)
+async def _keep(
+    request: web.Request, plan: ResponsesPlan, response: dict[str, Any], size: int, parent: StoredResponse | None
+) -> bool:
+    """Store a response that was asked to be stored; False when the store failed.
+
+    The store was reachable before the engine was asked (``ready``), so this fails only when
+    it went away during the generation. The response is delivered all the same: the work is
+    done, and a stream has already sent it. A later ``previous_response_id`` naming it gets
+    503 while the store is down, 404 after.
+    """
+    if not plan.store:
+        return True
+    items = [*plan.items, *response["output"]]
+    try:
+        await request.app[RESPONSES_STORE].put(response["id"], items, response, size=size, previous=parent)
+    except StoreUnavailableError as exc:
+        log.warning("responses: %s was answered but not stored: %s", response["id"], exc.message)
+        return False
+    return True
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -142,8 +167,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         data = decode_body(raw)
         refuse_responses_logprobs(data, request.app[ENGINE].profile)
         previous = previous_response_id(data)
-        history = store.get(previous, previous=True).items if previous else None
-        plan = translate_request(data, history)
+        parent = await store.get(previous, previous=True) if previous else None
+        plan = translate_request(data, parent.items if parent else None)
+        if plan.store and parent is None:
+            await store.ready()  # a store that is down refuses now, before the engine works for nothing
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
     trace_of(request).order("responses", plan.report)
@@ -151,7 +178,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     engine_headers = {k: v for k, v in request.headers.items() if k.lower() in _ENGINE_HEADERS}
     response_id, created_at = "resp_" + uuid.uuid4().hex, int(time.time())
     if plan.stream:
-        return await _stream(request, plan, response_id, created_at, headers, engine_headers, len(raw))
+        return await _stream(request, plan, response_id, created_at, headers, engine_headers, len(raw), parent)
     try:
         async with request.app[ADMISSION](request, conversation_key(plan.chat.get("messages"))) as target:
             completion = await chat_completion(request.app[UPSTREAM].at(target), plan.chat, engine_headers)
@@ -159,7 +186,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
     body = orjson.dumps(response)
-    _keep(request, plan, response, len(raw) + len(body))
+    if not await _keep(request, plan, response, len(raw) + len(body), parent):
+        headers[_STORE_HEADER] = "failed"
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
@@ -171,6 +199,7 @@ async def _stream(
     headers: dict[str, str],
     engine_headers: dict[str, str],
     size: int,
+    parent: StoredResponse | None,
 ) -> web.StreamResponse:
     """Relay the engine's chat stream as Responses events.
 
@@ -198,7 +227,11 @@ async def _stream(
                     await out.write(encode(transducer.feed(first)))
                 async for chunk in chunks:
                     await out.write(encode(transducer.feed(chunk)))
-                await out.write(encode(transducer.finish()))
+                final = encode(transducer.finish())
+                # Stored before the client sees response.completed: its next turn may reach
+                # another replica at once, and must find this response there.
+                await _keep(request, plan, transducer.response, size + len(orjson.dumps(transducer.response)), parent)
+                await out.write(final)
             except UpstreamError as exc:
                 log.warning("%s %s: %s", request.method, request.path, log_message(exc))
                 await out.write(encode(transducer.fail(exc)))
@@ -209,15 +242,13 @@ async def _stream(
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.info("%s %s: client went away", request.method, request.path)
         return out
-    if transducer.completed:
-        _keep(request, plan, transducer.response, size + len(orjson.dumps(transducer.response)))
     await out.write_eof()
     return out
 
 
 async def get_response(request: web.Request) -> web.StreamResponse:
     try:
-        entry = request.app[RESPONSES_STORE].get(request.match_info["response_id"])
+        entry = await request.app[RESPONSES_STORE].get(request.match_info["response_id"])
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
     return web.Response(body=orjson.dumps(entry.response), content_type="application/json")
@@ -227,9 +258,9 @@ async def delete_response(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES_STORE]
     response_id = request.match_info["response_id"]
     try:
-        store.get(response_id)
+        if not await store.delete(response_id):
+            await store.get(response_id)  # not stored: the 404 says why
     except ToolpairError as exc:
         return error_response(exc, Dialect.RESPONSES)
-    store.delete(response_id)
     body = {"id": response_id, "object": "response.deleted", "deleted": True}
     return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -83,7 +83,9 @@ async def stream_words(request: web.Request, words: list[str], delay: float = 0.
 class MockEngine:
     """Records requests; answers from a script of handlers, then from defaults."""
 
-    def __init__(self, stream_words: int = 3, stream_delay: float = 0.0, tokenizer: bool = False) -> None:
+    def __init__(
+        self, stream_words: int = 3, stream_delay: float = 0.0, tokenizer: bool = False, echo_count: bool = False
+    ) -> None:
         self.received: list[Received] = []
         self.cancelled: list[Received] = []
         self._cancel_seen = asyncio.Event()
@@ -92,6 +94,8 @@ class MockEngine:
         self.stream_delay = stream_delay
         self.tokenizer = tokenizer
         """Answer llama-cpp-python's ``/extras/tokenize/count`` (one token per word, plus a BOS)."""
+        self.echo_count = echo_count
+        """Chat replies start with ``seen=N``, N the messages received: shows whether history arrived."""
         self.app = web.Application(client_max_size=1 << 30)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner: web.AppRunner | None = None
@@ -140,10 +144,12 @@ class MockEngine:
     async def _default(self, request: web.Request, received: Received) -> web.StreamResponse:
         if request.path.endswith("/chat/completions"):
             body = received.json()
+            seen = [f"seen={len(body.get('messages', []))} "] if self.echo_count else []
             if body.get("stream"):
-                words = [f"w{i} " for i in range(self.stream_word_count)]
+                words = [*seen, *(f"w{i} " for i in range(self.stream_word_count))]
                 return await stream_words(request, words, self.stream_delay)
-            return web.json_response(completion(), dumps=lambda v: orjson.dumps(v).decode())
+            reply = completion("".join(seen) + "ok")
+            return web.json_response(reply, dumps=lambda v: orjson.dumps(v).decode())
         if self.tokenizer and request.path == "/extras/tokenize/count":
             return web.json_response({"count": len(str(received.json().get("input", "")).split()) + 1})
         if request.path.endswith("/models"):
@@ -166,8 +172,8 @@ class MockEngine:
             await self._runner.cleanup()
 
 
-async def _serve(port: int, words: int, delay: float, tokenizer: bool) -> None:
-    engine = MockEngine(stream_words=words, stream_delay=delay, tokenizer=tokenizer)
+async def _serve(port: int, words: int, delay: float, tokenizer: bool, echo_count: bool) -> None:
+    engine = MockEngine(stream_words=words, stream_delay=delay, tokenizer=tokenizer, echo_count=echo_count)
     print(await engine.start(port=port), flush=True)
     await asyncio.Event().wait()
 
@@ -178,5 +184,6 @@ if __name__ == "__main__":
     parser.add_argument("--words", type=int, default=3, help="chunks per streamed reply")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between streamed chunks")
     parser.add_argument("--tokenizer", action="store_true", help="answer /extras/tokenize/count")
+    parser.add_argument("--echo-count", action="store_true", help="start chat replies with seen=N (messages received)")
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.words, args.delay, args.tokenizer))
+    asyncio.run(_serve(args.port, args.words, args.delay, args.tokenizer, args.echo_count))

@@ -121,6 +121,69 @@ def test_compose_dockerfile_takes_the_backend() -> None:
     assert re.search(rf"^EXPOSE {Settings().port}\b", text, re.MULTILINE)
 
 
+# -- docker compose, profile "replicas": nginx, two toolpair replicas, Redis
+
+REPLICAS = ("toolpair-1", "toolpair-2")
+NGINX_CONF = DEPLOY / "nginx.conf"
+
+
+def test_compose_replicas_share_one_redis_store() -> None:
+    services = compose()["services"]
+    redis_service = services["redis"]
+    assert redis_service["profiles"] == ["replicas"] and redis_service["image"].startswith("redis:")
+    assert "noeviction" in redis_service["command"]  # toolpair evicts by its own limits; Redis must not
+    stores = set()
+    for name in REPLICAS:
+        spec = services[name]
+        assert spec["profiles"] == ["replicas"] and spec["ports"] == []  # reached through nginx only
+        check_image(spec["image"], "cpu")
+        args, settings = toolpair_settings(spec["command"], spec["environment"])
+        assert args.command == "serve" and settings.host == "0.0.0.0" and settings.port == Settings().port
+        url = urlsplit(settings.responses_store)
+        assert url.scheme == "redis" and url.hostname == "redis" and url.port == 6379
+        assert spec["depends_on"]["redis"]["condition"] == "service_healthy"
+        stores.add(settings.responses_store)
+    assert len(stores) == 1
+
+
+def test_compose_nginx_balances_the_replicas_with_the_deploy_config() -> None:
+    services = compose()["services"]
+    nginx = services["nginx"]
+    assert nginx["profiles"] == ["replicas"] and set(nginx["depends_on"]) == set(REPLICAS)
+    (mount,) = nginx["volumes"]
+    source, target, mode = mount.split(":")
+    assert (COMPOSE.parent / source).resolve() == NGINX_CONF and target == "/etc/nginx/nginx.conf" and mode == "ro"
+    (published,) = nginx["ports"]
+    host_ip, host_port, container_port = published.split(":")
+    assert host_ip == "127.0.0.1" and int(host_port) == Settings().port
+    text = NGINX_CONF.read_text()
+    assert re.search(rf"^\s*listen {container_port};", text, re.MULTILINE)
+    upstream = re.search(r"upstream toolpair \{(.*?)\}", text, re.DOTALL).group(1)  # type: ignore[union-attr]
+    servers = re.findall(r"^\s*server ([\w-]+):(\d+)", upstream, re.MULTILINE)
+    ports = {name: services[name]["command"][services[name]["command"].index("--port") + 1] for name in REPLICAS}
+    assert servers == [(name, ports[name]) for name in REPLICAS]
+    assert re.search(r"^\s*hash \$conversation consistent;", upstream, re.MULTILINE)
+
+
+def test_nginx_conf_keys_conversations_and_stays_within_toolpair_limits() -> None:
+    text = NGINX_CONF.read_text()
+    key = re.search(r'map "([^"]+)" \$conversation \{(.*?)\}', text, re.DOTALL)
+    assert key is not None
+    # Claude Code's session header, Codex's (both spellings read as $http_session_id), and toolpair's own.
+    headers = key.group(1).split("|")
+    assert headers[0] == "$http_x_toolpair_conversation"
+    assert {"$http_x_claude_code_session_id", "$http_session_id", "$http_conversation_id"} <= set(headers)
+    assert re.search(r"default \$remote_addr;", key.group(2))
+    assert re.search(r"^\s*underscores_in_headers on;", text, re.MULTILINE)  # Codex's session_id
+    body = re.search(r"client_max_body_size (\d+)m;", text).group(1)  # type: ignore[union-attr]
+    assert int(body) * 1024 * 1024 >= Settings().max_body_bytes
+    read = re.search(r"proxy_read_timeout (\d+)s;", text).group(1)  # type: ignore[union-attr]
+    assert int(read) >= (Settings().upstream_read_timeout or 0)
+    for directive in ("proxy_buffering off;", "proxy_request_buffering off;", "proxy_http_version 1.1;"):
+        assert directive in text
+    assert "non_idempotent" not in text  # a POST a replica may have started is never sent again
+
+
 # -- Kubernetes
 
 

@@ -1,4 +1,4 @@
-"""The Dockerfile and the GPU check script, checked against the code (no Docker engine or GPU here)."""
+"""The Dockerfile and the check scripts, checked against the code (no Docker engine or GPU here)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_the_entry_point_is_a_command_that_exists() -> None:
     entry = next(rest for word, rest in final_stage() if word == "ENTRYPOINT")
     assert entry == '["toolpair", "serve", "--host", "0.0.0.0"]'
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["toolpair"] == "proxy.cli:main"
+    assert scripts["toolpair"] == "proxy.__main__:main"  # normalize starts there; the rest goes to proxy.cli
     args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--model", "/models/model.gguf"])
     assert (args.host, args.model, args.run.__name__) == ("0.0.0.0", "/models/model.gguf", "_run_serve")
 
@@ -99,3 +99,17 @@ def test_the_gpu_check_script_is_valid_and_calls_real_commands() -> None:
     assert parser.parse_args(["engine", "install", "--backend", "cuda"]).backend == "cuda"
     assert parser.parse_args(["engine", "detect"]).engine_command == "detect"
     assert parser.parse_args(["serve", "--port", "9", "--model", "m.gguf"]).port == 9
+
+
+def test_the_image_can_use_the_redis_store() -> None:
+    """The replicas in docker-compose.yml keep their Responses in Redis: the image needs toolpair[redis]."""
+    installs = [rest for word, rest in DOCKERFILE if word == "RUN" and "pip install" in rest]
+    assert any(re.search(r"\[[^\]]*\bredis\b[^\]]*\]", rest) for rest in installs), installs
+
+
+def test_the_scale_check_script_is_valid_and_runs_the_load_generator() -> None:
+    script = ROOT / "scripts" / "scale_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert 'exec "$PY" bench/replicas.py "$@"' in text and (ROOT / "bench" / "replicas.py").exists()
+    assert script.stat().st_mode & 0o111  # executable

@@ -250,7 +250,8 @@ def test_serve_help_groups_the_engine_knobs() -> None:
         [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True, cwd=ROOT, check=True
     )
     out = done.stdout
-    for heading in ("model, context and memory:", "threads, batches and KV cache:", "GPU:", "listening and logging:"):
+    headings = ("model, context and memory:", "threads, batches and KV cache:", "GPU:", "listening, logging and")
+    for heading in headings:
         assert heading in out
     for flag in ("-c N, --ctx-size N", "-ngl N", "-t N, --threads N", "-tb N", "-b N", "-ub N", "-fa", "--mlock"):
         assert flag in out, flag

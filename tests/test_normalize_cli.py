@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.normalize import normalize_line
-from proxy.normalize_cli import NormalizeFailed, NormalizeJob, _FileSlice, _slice_edits, run_normalize
+from proxy.normalize.cli import NormalizeFailed, NormalizeJob, run_normalize
+from proxy.normalize.jsonl import _FileSlice, _slice_edits
 from tests.dataset_records import anthropic, chat, jsonl, responses, sharegpt
 from tests.real_engine import TEMPLATE, RealEngine
 

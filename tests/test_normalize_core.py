@@ -290,3 +290,18 @@ def test_tally_keeps_a_bounded_number_of_line_numbers() -> None:
     report = tally.as_report()
     assert report["bad_lines"] == 10 and report["bad_line_numbers"] == [1, 2, 3]
     assert report["bad_line_numbers_truncated"] is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_records, min_size=1, max_size=3))
+def test_rule_sets_skipped_by_shape_change_neither_output_nor_report(records: list[Any]) -> None:
+    # One record whose messages hold several forms at once, so chat and Anthropic runs meet.
+    record = {
+        "messages": [m for r in records for m in r.get("messages", [])],
+        "input": [i for r in records for i in r.get("input", [])],
+    }
+    line = line_of(record)
+    out, result = normalize_line(line)
+    ordered, report = order_record(orjson.loads(line))  # every rule set, no byte checks
+    assert result.report == report
+    assert orjson.loads(out) == ordered
