@@ -181,6 +181,13 @@ _REPORT_START = "Exception: "
 _REPORT_END = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s")
 _REPORT_MAX_LINES = 1000
 _REPORT_LEFT_OUT = "(its report of a failed request is left out: it may quote the request; log_bodies shows it)"
+# The engine's output is its loader dump (a thousand lines and more), uvicorn's access lines and
+# per-request timings: debug. What says something went wrong reaches the default log level.
+_LOUD = re.compile(r"(ERROR|CRITICAL|WARNING):\s|Exception: ")
+# Earlier lines a failed start quotes besides the last ones: the loader says why long before the
+# traceback that ends the process.
+_WHY = re.compile(r"\berror\b|failed|cannot|unable|out of memory", re.IGNORECASE)
+_TAIL_LINES = 15
 
 
 class EngineSupervisor:
@@ -399,8 +406,14 @@ class EngineSupervisor:
         self._exit_reason = None
         await self._crashed(reason, was_ready=state is EngineState.READY)
 
+    def _last_output(self) -> list[str]:
+        """The engine's last lines, after any earlier ones that say what went wrong."""
+        lines = list(self._lines)
+        earlier = [line for line in lines[:-_TAIL_LINES] if _WHY.search(line)][-5:]
+        return [*earlier, "...", *lines[-_TAIL_LINES:]] if earlier else lines[-_TAIL_LINES:]
+
     async def _crashed(self, reason: str, *, was_ready: bool) -> None:
-        tail = "\n".join(f"  | {line}" for line in self.recent_log(15))
+        tail = "\n".join(f"  | {line}" for line in self._last_output())
         detail = f"engine {reason}" + (f"; its last output:\n{tail}" if tail else "")
         if not self._ever_ready:
             self._give_up(f"the engine failed to start: {reason}" + (f"; its last output:\n{tail}" if tail else ""))
@@ -454,7 +467,8 @@ class EngineSupervisor:
             await self._crashed(f"could not be launched: {exc}", was_ready=False)
             return
         self._process = process
-        log.info("engine launched (pid %d): %s", process.pid, " ".join(self.spec.argv))
+        log.info("engine launched (pid %d)", process.pid)
+        log.debug("engine command line: %s", " ".join(self.spec.argv))
         self._helper(self._watch(process))
         self._poll = self._helper(self._wait_ready(process))
 
@@ -486,11 +500,12 @@ class EngineSupervisor:
         line = raw.decode("utf-8", "replace").rstrip("\r")
         if not line.strip() or self._left_out(line):
             return
+        loud = _LOUD.match(line) is not None
         if not self._quote_requests and line.startswith(_REPORT_START):
             self._hidden = 0
             line = _REPORT_LEFT_OUT
-        self._lines.append(line)
-        log.info("engine: %s", line)
+        self._lines.append(line)  # kept whatever the level: a failed start quotes them
+        log.log(logging.WARNING if loud else logging.DEBUG, "engine: %s", line)
 
     def _left_out(self, line: str) -> bool:
         """Whether ``line`` belongs to a failed-request report that is being left out."""

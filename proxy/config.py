@@ -128,7 +128,6 @@ class Settings:
     model: str | None = None
     chat_template: str | None = None
     engine_backend: str = "auto"
-    engine_max_ctx: int = 8192
     engine_gpu_layers: int | None = None
     engine_start_timeout: float = 300.0
     engine_ready_wait: float = 60.0
@@ -139,6 +138,25 @@ class Settings:
     max_queue: int = 64
     # llama.cpp RPC (issue 14): workers (HOST:PORT) that `serve` splits the model across
     engine_rpc: list[str] = field(default_factory=list)
+    # engine context, memory and tuning (issue 12): llama-server's names on the command line
+    engine_ctx_size: int | None = None
+    engine_logprobs: bool | None = None
+    prompt_cache_size: int = 1024 * 1024 * 1024
+    engine_threads: int | None = None
+    engine_threads_batch: int | None = None
+    engine_batch_size: int | None = None
+    engine_ubatch_size: int | None = None
+    engine_flash_attn: bool | None = None
+    engine_cache_type_k: str | None = None
+    engine_cache_type_v: str | None = None
+    engine_mlock: bool = False
+    engine_mmap: bool = True
+    engine_main_gpu: int | None = None
+    engine_split_mode: str | None = None
+    engine_tensor_split: list[float] = field(default_factory=list)
+    engine_args: list[str] = field(default_factory=list)
+    # parallel engines (toolpair serve --parallel N)
+    engine_parallel: int = 1
 
     def __post_init__(self) -> None:
         """Mode settings are checked here, once, however the settings were made (a string becomes its mode)."""

@@ -3,20 +3,25 @@
 Before anything starts, :func:`plan_serve` settles every decision (model,
 context size, chat template, GPU offload, engine port and key) and refuses a
 bad setting with a clear message. :func:`build_serve_app` wires the engine in as
-the upstream: its supervisor's lifetime is tied to the app's ``cleanup_ctx``,
-and an :class:`~proxy.engine.queueing.EngineQueue` is the app's admission.
+the upstream: with ``engine_parallel`` N, N engine processes of the same model,
+each on its own loopback port and key and each with its own supervisor, whose
+lifetimes are tied to the app's ``cleanup_ctx``. An
+:class:`~proxy.engine.queueing.EnginePool` over them is the app's admission: it
+sends each request to a free engine, preferring the one that last served the
+same conversation.
 :func:`run_serve` listens, prints how to connect, and on SIGTERM or SIGINT
 stops accepting, gives requests in flight ``shutdown_grace`` seconds, then stops
 the engine.
 
-``/ready`` (:mod:`proxy.http.probes`) answers 200 only while the engine is ready,
-with its state, restarts and queue in the body.
+``/ready`` (:mod:`proxy.http.probes`) answers 200 while some engine is ready, with
+each engine's state and restarts, and the queue, in the body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import importlib.util
 import json
 import logging
@@ -24,7 +29,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,27 +40,39 @@ from engine_launcher.backends import RPC_FLAG, SystemProbes, detect_backend, par
 from engine_launcher.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.install import LLAMA_CPP_VERSION, read_record
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
+from engine_launcher.launch import (
+    CACHE_TYPES,
+    READY_PATH,
+    SPLIT_MODES,
+    EngineLaunch,
+    engine_command,
+    engine_env,
+    free_port,
+    installed_setting_names,
+)
+from engine_launcher.machine import available_memory, gpu_free_memory, physical_cores, usable_cores
+from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
 from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from engine_launcher.rpc import parse_endpoints
 from proxy import __version__
 from proxy.config import ConfigError, Settings
 from proxy.engine.plan import engine_setup
-from proxy.engine.queueing import EngineQueue
+from proxy.engine.queueing import EnginePool, PoolEngine
 from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
-from proxy.engine.upstream import Upstream
+from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import EngineUnavailableError
 from proxy.http.app import create_app
 from proxy.http.probes import READINESS
-from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
+from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot, overall_state
 
-__all__ = ["QUEUE", "SUPERVISOR", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
+__all__ = ["QUEUE", "SUPERVISORS", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
 
 log = logging.getLogger("toolpair")
 
-SUPERVISOR = web.AppKey("supervisor", EngineSupervisor)
-QUEUE = web.AppKey("queue", EngineQueue)
+SUPERVISORS = web.AppKey("supervisors", dict[str, EngineSupervisor])
+"""Each engine's supervisor by engine name (engine-0, engine-1, ...)."""
+QUEUE = web.AppKey("queue", EnginePool)
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,19 @@ class ServePlan:
     warnings: list[str] = field(default_factory=list)
     template_text: str | None = None
     """The Jinja chat template the engine renders with (for format detection)."""
+    memory: MemoryEstimate | None = None
+    """What the engine is expected to need at the chosen n_ctx (None: the header did not say enough)."""
+    memory_budget: int | None = None
+    """The memory it was checked against (None: unknown)."""
+    logprobs_cost: int | None = None
+    """Bytes that serving logprobs costs (or would cost) at this n_ctx."""
+    parallel: tuple[EngineLaunch, ...] = ()
+    """With engine_parallel N > 1: the N engines, each with its own port and key (``launch`` is the first)."""
+
+    @property
+    def launches(self) -> tuple[EngineLaunch, ...]:
+        """Every engine serve starts."""
+        return self.parallel or (self.launch,)
 
     @property
     def model_name(self) -> str:
@@ -85,12 +115,157 @@ def _progress(out: TextIO) -> Callable[[int, int], None]:
     return report
 
 
-def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
-    """Resolve model, template, context and offload; raise ConfigError on anything unusable."""
-    warnings: list[str] = []
-    for name, least in (("max_concurrency", 1), ("engine_max_ctx", 1), ("max_queue", 0), ("engine_max_restarts", 0)):
-        if getattr(settings, name) < least:
+# --engine-arg keys toolpair sets itself, and keys with a flag of their own.
+_OWNED_ARGS = frozenset({"model", "host", "port", "api_key", "interrupt_requests", "config_file", "models"})
+_FLAG_FOR_ARG = {
+    "n_ctx": "-c/--ctx-size",
+    "n_gpu_layers": "-ngl/--n-gpu-layers",
+    "n_threads": "-t/--threads",
+    "n_threads_batch": "-tb/--threads-batch",
+    "n_batch": "-b/--batch-size",
+    "n_ubatch": "-ub/--ubatch-size",
+    "flash_attn": "-fa/--flash-attn",
+    "type_k": "--cache-type-k",
+    "type_v": "--cache-type-v",
+    "chat_format": "--chat-template-file",
+    "hf_tokenizer_config_path": "--chat-template-file",
+    "use_mlock": "--mlock",
+    "use_mmap": "--no-mmap",
+    "main_gpu": "--main-gpu",
+    "split_mode": "--split-mode",
+    "tensor_split": "--tensor-split",
+    "cache": "--prompt-cache-size",
+    "cache_type": "--prompt-cache-size",
+    "cache_size": "--prompt-cache-size",
+    "logits_all": "--logprobs",
+}
+
+
+def engine_args(entries: list[str], accepted: frozenset[str]) -> dict[str, str]:
+    """``--engine-arg KEY=VALUE`` entries as server settings, each key checked against the installed engine.
+
+    >>> engine_args(["rope_freq_base=10000"], frozenset({"rope_freq_base"}))
+    {'rope_freq_base': '10000'}
+    """
+    found: dict[str, str] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"engine argument {entry!r} is not KEY=VALUE")
+        if key in _OWNED_ARGS:
+            raise ConfigError(f"engine argument {key!r}: toolpair sets it itself")
+        if key in _FLAG_FOR_ARG:
+            raise ConfigError(f"engine argument {key!r}: use {_FLAG_FOR_ARG[key]} instead")
+        if key not in accepted:
+            near = difflib.get_close_matches(key, sorted(accepted), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"engine argument {key!r} is not a setting the installed llama-cpp-python accepts{hint}")
+        found[key] = value
+    return found
+
+
+def _check_tuning(settings: Settings) -> None:
+    for name, least in (
+        ("max_concurrency", 1),
+        ("max_queue", 0),
+        ("engine_max_restarts", 0),
+        ("engine_parallel", 1),
+        ("engine_ctx_size", 256),
+        ("prompt_cache_size", 0),
+        ("engine_threads", 1),
+        ("engine_threads_batch", 1),
+        ("engine_batch_size", 1),
+        ("engine_ubatch_size", 1),
+        ("engine_main_gpu", 0),
+        ("engine_gpu_layers", -1),
+    ):
+        value = getattr(settings, name)
+        if value is not None and value < least:
             raise ConfigError(f"{name} must be at least {least}")
+    for name in ("engine_cache_type_k", "engine_cache_type_v"):
+        value = getattr(settings, name)
+        if value is not None and value not in CACHE_TYPES:
+            raise ConfigError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {value!r}")
+    if settings.engine_split_mode is not None and settings.engine_split_mode not in SPLIT_MODES:
+        raise ConfigError(f"engine_split_mode must be one of {', '.join(SPLIT_MODES)}")
+    if any(share < 0 for share in settings.engine_tensor_split):
+        raise ConfigError("engine_tensor_split shares must not be negative")
+
+
+def _memory_plan(
+    settings: Settings, shape: ModelShape | None, model: Path, trained: int | None, gpu_layers: int, backend: str
+) -> tuple[int, MemoryEstimate | None, int | None, list[str]]:
+    """n_ctx, its memory estimate, the budget it was checked against, and what start-up should say about it."""
+    wanted = settings.engine_ctx_size or trained or _FALLBACK_CTX
+    if shape is None:
+        return wanted, None, None, []
+    bytes_k = CACHE_TYPES[settings.engine_cache_type_k or "f16"][1]
+    bytes_v = CACHE_TYPES[settings.engine_cache_type_v or "f16"][1]
+    model_bytes = model.stat().st_size
+
+    def estimate(n_ctx: int) -> MemoryEstimate:
+        return estimate_memory(
+            shape,
+            model_bytes,
+            n_ctx,
+            logits_all=bool(settings.engine_logprobs),
+            n_batch=settings.engine_batch_size or 512,
+            n_ubatch=settings.engine_ubatch_size or 512,
+            bytes_k=bytes_k,
+            bytes_v=bytes_v,
+            flash_attn=bool(settings.engine_flash_attn),
+            prompt_cache_bytes=settings.prompt_cache_size,
+        )
+
+    # A GPU build with every layer offloaded holds weights, KV cache and compute buffers in GPU
+    # memory; what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
+    ram = available_memory()
+    vram = gpu_free_memory() if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
+
+    engines = settings.engine_parallel  # --parallel N: N engines, each needing all of it
+
+    def fits(n_ctx: int) -> bool:
+        need = estimate(n_ctx)
+        if vram is None:
+            return ram is None or engines * need.total <= ram
+        on_gpu = need.weights + need.kv_cache + need.compute
+        return engines * on_gpu <= vram and (ram is None or engines * (need.scores + need.prompt_cache) <= ram)
+
+    budget = ram if vram is None else vram
+    if budget is None:
+        return wanted, estimate(wanted), None, []
+    where = "available" if vram is None else "of GPU memory free"
+    chosen = fitting_context(wanted, fits)
+    notes: list[str] = []
+    if chosen is None:
+        notes.append(
+            f"the engine needs {_times(engines)}{estimate(256).describe()} even at n_ctx 256 and this machine has "
+            f"{gib(budget)} {where}; it may not start"
+        )
+        chosen = min(wanted, 256)
+    elif chosen < wanted:
+        source = "--ctx-size" if settings.engine_ctx_size else "the model's training context"
+        notes.append(
+            f"n_ctx {chosen}, not {wanted} ({source}): the engine would need "
+            f"{_times(engines)}{gib(estimate(wanted).total)} "
+            f"and this machine has {gib(budget)} {where}"
+        )
+    return chosen, estimate(chosen), budget, notes
+
+
+_FALLBACK_CTX = 4096
+"""n_ctx for a model whose header does not give its training context."""
+
+
+def _times(engines: int) -> str:
+    return f"{engines} x " if engines > 1 else ""
+
+
+def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
+    """Resolve model, template, context, memory, offload and engine settings; raise ConfigError on anything unusable."""
+    warnings: list[str] = []
+    _check_tuning(settings)
     try:
         if settings.model:
             model = readable_model(Path(settings.model).expanduser())
@@ -103,10 +278,9 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(str(exc)) from None
-    trained = context_length(metadata)
-    n_ctx = min(trained, settings.engine_max_ctx) if trained else settings.engine_max_ctx
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError("llama-cpp-python is not installed here: run `toolpair engine install`")
+    extra = engine_args(settings.engine_args, installed_setting_names())
     record = read_record()
     if record is None:
         backend = "unknown"
@@ -135,6 +309,12 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     if gpu_layers is None:
         # An unknown build gets -1 too: a CPU build ignores it. RPC workers count as GPUs: all layers go to them.
         gpu_layers = 0 if backend == "cpu" and not rpc_servers else -1
+    trained = context_length(metadata)
+    shape = ModelShape.from_metadata(metadata)
+    n_ctx, memory, budget, notes = _memory_plan(settings, shape, model, trained, gpu_layers, backend)
+    warnings += notes
+    if settings.engine_ctx_size and trained and settings.engine_ctx_size > trained:
+        warnings.append(f"--ctx-size {settings.engine_ctx_size} is beyond the model's training context ({trained})")
     launch = EngineLaunch(
         model=model,
         port=free_port(),
@@ -143,12 +323,54 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         n_gpu_layers=gpu_layers,
         chat_template=template,
         rpc_servers=rpc_servers,
+        logits_all=bool(settings.engine_logprobs),
+        prompt_cache_bytes=settings.prompt_cache_size,
+        # Engines that work at once share the cores: each gets its share unless told otherwise.
+        n_threads=settings.engine_threads or max(1, physical_cores() // settings.engine_parallel),
+        n_threads_batch=settings.engine_threads_batch or max(1, usable_cores() // settings.engine_parallel),
+        n_batch=settings.engine_batch_size,
+        n_ubatch=settings.engine_ubatch_size,
+        flash_attn=settings.engine_flash_attn,
+        cache_type_k=settings.engine_cache_type_k,
+        cache_type_v=settings.engine_cache_type_v,
+        use_mlock=True if settings.engine_mlock else None,
+        use_mmap=None if settings.engine_mmap else False,
+        main_gpu=settings.engine_main_gpu,
+        split_mode=settings.engine_split_mode,
+        tensor_split=tuple(settings.engine_tensor_split),
+        extra=extra,
     )
     if template is not None:
         template_text = json.loads(template.read_text(encoding="utf-8")).get("chat_template")
     else:
         template_text = gguf_chat_template(metadata)
-    return ServePlan(launch, backend, warnings, template_text if isinstance(template_text, str) else None)
+    logprobs_cost = None
+    if shape is not None:
+        logprobs_cost = n_ctx * shape.n_vocab * 4
+    return ServePlan(
+        launch,
+        backend,
+        warnings,
+        template_text if isinstance(template_text, str) else None,
+        memory=memory,
+        memory_budget=budget,
+        logprobs_cost=logprobs_cost,
+        parallel=_parallel_launches(launch, settings.engine_parallel),
+    )
+
+
+def _parallel_launches(first: EngineLaunch, count: int) -> tuple[EngineLaunch, ...]:
+    """``count`` engines like ``first``, each on a port and with a key of its own; () for one engine."""
+    if count <= 1:
+        return ()
+    launches = [first]
+    ports = {first.port}
+    while len(launches) < count:
+        port = free_port()
+        if port not in ports:
+            ports.add(port)
+            launches.append(dataclasses.replace(first, port=port, api_key=secrets.token_urlsafe(24)))
+    return tuple(launches)
 
 
 def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
@@ -156,7 +378,7 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
 
     Only ``auto`` or unset values are filled in; explicit settings win.
     """
-    changes: dict[str, object] = {"engine_kind": "llama-cpp-python"}
+    changes: dict[str, object] = {"engine_kind": "llama-cpp-python", "engine_logprobs": plan.launch.logits_all}
     text = plan.template_text or ""
     if settings.tool_call_format == "auto" and text:
         detected = detect_tool_call_format(text)
@@ -178,97 +400,183 @@ def banner(settings: Settings, plan: ServePlan) -> str:
 
     >>> from pathlib import Path
     >>> plan = ServePlan(EngineLaunch(Path("m.gguf"), 1, "k", 4096), "cpu")
-    >>> print(banner(Settings(port=8787), plan).splitlines()[3])
+    >>> print(banner(Settings(port=8787), plan).splitlines()[-3])
       OpenAI SDK:     OpenAI(base_url="http://127.0.0.1:8787/v1", api_key="any")
     """
     base = f"http://{_local(settings.host)}:{settings.port}"
     launch = plan.launch
     template = launch.chat_template.name if launch.chat_template else "the model's own"
     where = " (all interfaces)" if settings.host in ("0.0.0.0", "", "::") else ""
-    return "\n".join(
-        [
-            f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
-            f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
-            f"chat template {template}"
-            + (f", RPC workers {','.join(launch.rpc_servers)}" if launch.rpc_servers else ""),
-            f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
-            f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
-            f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',
-            f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
-        ]
-    )
+    threads = f"threads {launch.n_threads}/{launch.n_threads_batch}" if launch.n_threads else "threads: engine default"
+    lines = [
+        f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
+        f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
+        f"{threads}, chat template {template}"
+        + (f", RPC workers {','.join(launch.rpc_servers)}" if launch.rpc_servers else ""),
+    ]
+    engines = len(plan.launches)
+    if plan.memory is not None:
+        budget = f" of {gib(plan.memory_budget)} available" if plan.memory_budget is not None else ""
+        if engines > 1:  # each engine holds the model and its own context
+            each = f"{engines} engines x {plan.memory.describe()} = ~{gib(engines * plan.memory.total)}"
+            lines.append(f"  memory:         {each}{budget}")
+        else:
+            lines.append(f"  memory:         {plan.memory.describe()}{budget}")
+    cost = f" ({gib(plan.logprobs_cost)} at this n_ctx)" if plan.logprobs_cost is not None else ""
+    if launch.logits_all:
+        lines.append(f"  logprobs:       served; their logits cost{cost or ' n_ctx x vocabulary x 4 bytes'}")
+    else:
+        lines.append(f"  logprobs:       off (requests for them get 400); --logprobs serves them{cost}")
+    cache = gib(launch.prompt_cache_bytes) if launch.prompt_cache_bytes else "off"
+    lines += [
+        f"  prompt cache:   {cache}{' each' if engines > 1 else ''}   engines: {engines}"
+        + (" (--parallel: a conversation returns to the engine that served it)" if engines > 1 else ""),
+        f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
+        f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
+        f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',
+        f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
+    ]
+    return "\n".join(lines)
 
 
-def _engine_status(engine: EngineSupervisor, queue: EngineQueue) -> dict[str, Any]:
+def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dict[str, Any]:
     status: dict[str, Any] = {
+        "name": name,
         "state": engine.state.value,
         "restarts": engine.restarts,
-        "queue": {"active": queue.active, "waiting": queue.waiting, "max_queue": queue.max_queue},
+        "active": pool.schedule.active_on(name),
+        "served": pool.schedule.served_by(name),
     }
     if engine.reason:
         status["reason"] = engine.reason.splitlines()[0]
     return status
 
 
-async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    engine = app[SUPERVISOR]
-    await engine.start()
+def _readings(engines: dict[str, EngineSupervisor], plan: ServePlan, pool: EnginePool) -> tuple[EngineReading, ...]:
+    return tuple(
+        EngineReading(
+            name,
+            engine.state.value,
+            engine.restarts,
+            pool.schedule.active_on(name),
+            pool.schedule.served_by(name),
+            launch.port,
+        )
+        for (name, engine), launch in zip(engines.items(), plan.launches, strict=True)
+    )
+
+
+async def _engines_ctx(app: web.Application) -> AsyncIterator[None]:
+    engines = app[SUPERVISORS].values()
+    for engine in engines:
+        await engine.start()
     yield
-    await engine.shutdown()
+    await asyncio.gather(*(engine.shutdown() for engine in engines))
+
+
+def _engine_ready(name: str, engine: EngineSupervisor) -> Callable[[], Awaitable[None]]:
+    async def ready() -> None:
+        try:
+            await engine.ensure_ready()
+        except EngineUnavailable as exc:
+            raise EngineUnavailableError(f"{name} is not available: {str(exc).splitlines()[0]}") from None
+
+    return ready
 
 
 def build_serve_app(
     settings: Settings, plan: ServePlan, *, on_give_up: Callable[[str], None] | None = None
 ) -> web.Application:
-    """The proxy app with the managed engine as its upstream and its queue as admission."""
-    launch = plan.launch
-    spec = ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ))
+    """The proxy app with the managed engines as its upstream and a pool over them as admission.
+
+    Each engine has its own supervisor, so each is watched and restarted on its
+    own; ``on_give_up`` is called once every engine has given up.
+    """
     policy = RestartPolicy(
         start_timeout=settings.engine_start_timeout,
         stop_timeout=settings.engine_stop_timeout,
         max_restarts=settings.engine_max_restarts,
     )
-    engine = EngineSupervisor(spec, policy, on_give_up=on_give_up, quote_requests=settings.log_bodies)
+    engines: dict[str, EngineSupervisor] = {}
 
-    async def engine_ready() -> None:
-        try:
-            await engine.ensure_ready()
-        except EngineUnavailable as exc:
-            raise EngineUnavailableError(f"the engine is not available: {str(exc).splitlines()[0]}") from None
+    def engine_gave_up(reason: str) -> None:
+        if on_give_up is not None and all(e.state is EngineState.FAILED for e in engines.values()):
+            on_give_up(reason)
 
-    queue = EngineQueue(
-        engine_ready,
+    members = []
+    for index, launch in enumerate(plan.launches):
+        name = f"engine-{index}"
+        spec = ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ))
+        engine = EngineSupervisor(spec, policy, on_give_up=engine_gave_up, quote_requests=settings.log_bodies)
+        engines[name] = engine
+        # One engine is the app's own upstream; several are each a target of their own.
+        target = EngineTarget(name, launch.url, launch.api_key) if plan.parallel else None
+        members.append(PoolEngine(name, target, _engine_ready(name if plan.parallel else "the engine", engine)))
+    pool = EnginePool(
+        members,
         max_concurrency=settings.max_concurrency,
         max_queue=settings.max_queue,
         ready_timeout=settings.engine_ready_wait,
     )
+    for name, engine in engines.items():
+        pool.set_up(name, False)  # each is up once its supervisor says it is ready
+        engine.add_listener(_follow(pool, name))
     # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
     settings = managed_settings(settings, plan)
     upstream = Upstream(
-        launch.url,
+        plan.launch.url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.upstream_read_timeout,
-        api_key=launch.api_key,
+        api_key=plan.launch.api_key,
         reuses_connections=engine_setup(settings).profile.reuses_connections,
     )
-    app = create_app(settings, upstream, admission=queue)
-    app[SUPERVISOR] = engine
-    app[QUEUE] = queue
-    app[ENGINE_PROBE] = lambda: EngineSnapshot(
-        state=engine.state.value,
-        restarts=engine.restarts,
-        backend=plan.backend,
-        model=plan.model_name,
-        queue_depth=queue.waiting,
-    )
+    app = create_app(settings, upstream, admission=pool)
+    app[SUPERVISORS] = engines
+    app[QUEUE] = pool
+
+    def snapshot() -> EngineSnapshot:
+        readings = _readings(engines, plan, pool)
+        return EngineSnapshot(
+            state=overall_state(tuple(r.state for r in readings)),
+            restarts=sum(r.restarts for r in readings),
+            backend=plan.backend,
+            model=plan.model_name,
+            queue_depth=pool.waiting,
+            engines=readings,
+        )
+
+    app[ENGINE_PROBE] = snapshot
 
     async def engine_is_ready() -> tuple[bool, dict[str, Any]]:
-        # Readiness is the engine's state, read for health output only.
-        return engine.state is EngineState.READY, {"engine": _engine_status(engine, queue)}
+        # Ready while some engine can serve; the states are read for health output only.
+        each = [_engine_status(name, engine, pool) for name, engine in engines.items()]
+        ready = any(engine.state is EngineState.READY for engine in engines.values())
+        queue = {"active": pool.active, "waiting": pool.waiting, "max_queue": pool.max_queue}
+        overall = {
+            "state": overall_state(tuple(e["state"] for e in each)),
+            "restarts": sum(e["restarts"] for e in each),
+            "queue": queue,
+            "engines": each,
+        }
+        reasons = [e["reason"] for e in each if "reason" in e]
+        if reasons:
+            overall["reason"] = reasons[0]
+        return ready, {"engine": overall}
 
     app[READINESS] = engine_is_ready
-    app.cleanup_ctx.append(_engine_ctx)
+    app.cleanup_ctx.append(_engines_ctx)
     return app
+
+
+def _follow(pool: EnginePool, name: str) -> Callable[[EngineState, EngineState], None]:
+    """A supervisor listener that tells the pool when engine ``name`` can take requests."""
+
+    def changed(old: EngineState, new: EngineState) -> None:
+        pool.set_up(name, new is EngineState.READY, alive=new not in (EngineState.FAILED, EngineState.SHUTDOWN))
+        if len(pool.engines) > 1:
+            log.info("%s: %s", name, new.value)
+
+    return changed
 
 
 async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.stdout) -> int:

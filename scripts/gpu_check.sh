@@ -11,6 +11,8 @@
 #   scripts/gpu_check.sh prepare DIR     # on a networked machine: fill DIR for the offline run
 #
 # Other knobs: MODEL=/path/model.gguf (default: the bundled Gemma 3 270M), CUDA_ARCH (default 90),
+# SERVE_ARGS="..." (more `toolpair serve` flags, e.g. "-c 8192 -fa on"; the defaults are the full
+# training context, every layer on the GPU, logprobs off, a 1 GiB prompt cache),
 # SYSTEM_SITE=1 (the virtualenv sees the machine's own packages: for an offline machine whose python3
 # already has aiohttp, PyYAML, numpy and jinja2; MODEL is then required), MODEL_WAIT=SECONDS (wait
 # that long for MODEL to appear, when it is copied onto the machine while the engine builds).
@@ -76,7 +78,9 @@ port=$("$VENV/bin/python" -c "from engine_launcher.launch import free_port; prin
 log=$(mktemp -d)/serve.log
 echo "== serve on port $port (log: $log)"
 t=$(now)
-"$VENV/bin/toolpair" serve --port "$port" ${MODEL:+--model "$MODEL"} >"$log" 2>&1 &
+# Debug level: the engine's loader lines (the offload line below) stay out of the default output.
+# shellcheck disable=SC2086
+"$VENV/bin/toolpair" serve --port "$port" --log-level debug ${MODEL:+--model "$MODEL"} ${SERVE_ARGS:-} >"$log" 2>&1 &
 serve_pid=$!
 trap 'kill -TERM $serve_pid 2>/dev/null || true' EXIT
 "$VENV/bin/python" - "$port" "$serve_pid" <<'EOF'
@@ -116,6 +120,10 @@ print(f"chat request: {took:.2f}s, {usage['completion_tokens']} tokens, "
       f"{usage['completion_tokens'] / took:.1f} tokens/s including the prompt")
 EOF
 
+echo "GPU memory in use while serving: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | head -1)"
+engine_pid=$(pgrep -P "$serve_pid" -f llama_cpp.server | head -1 || true)
+[[ -n "$engine_pid" ]] && echo "engine RSS: $(awk '/VmRSS/ {print $2, $3}' "/proc/$engine_pid/status")"
+
 kill -TERM "$serve_pid"
 wait "$serve_pid" || true
 trap - EXIT
@@ -125,4 +133,5 @@ echo "install record: $(cat "$VENV/share/toolpair/engine.json" | tr -d '\n' | tr
 "$VENV/bin/python" -c "import llama_cpp; print('llama_supports_gpu_offload():', llama_cpp.llama_supports_gpu_offload())"
 grep -E "offloaded [0-9]+/[0-9]+ layers to GPU" "$log" | sed 's/^.*engine: /engine: /' || echo "no offload line in the engine log"
 grep -E "engine ready in" "$log" | sed 's/^.*INFO //' || true
+grep -E "^  (engine|memory|logprobs|prompt cache): " "$log" || true
 echo "timings: venv ${setup_s}s, build+install ${build_s}s, serve to ready ${ready_s}s"

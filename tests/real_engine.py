@@ -47,8 +47,13 @@ class RealEngine:
                 self.process.wait()
 
 
-def start_real_engine(log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0, port: int | None = None) -> RealEngine:
-    launch = EngineLaunch(bundled_model(), port or free_port(), "test-engine-key", n_ctx, chat_template=TEMPLATE)
+def start_real_engine(
+    log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0, port: int | None = None, *, logprobs: bool = True
+) -> RealEngine:
+    """The engine as serve starts it, with logprobs on by default (tests compare distributions with it)."""
+    launch = EngineLaunch(
+        bundled_model(), port or free_port(), "test-engine-key", n_ctx, chat_template=TEMPLATE, logits_all=logprobs
+    )
     log = log_dir / f"llama-{launch.port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(

@@ -111,3 +111,31 @@ def test_engine_settings_from_a_file_are_checked_at_startup(tmp_path: Path, text
         text=True,
     )
     assert run.returncode == 2 and message in run.stderr
+
+
+def test_serve_engine_flags_use_llama_servers_names_and_beat_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.cli import build_parser, serve_settings
+
+    monkeypatch.setenv("TOOLPAIR_ENGINE_THREADS", "3")
+    monkeypatch.setenv("TOOLPAIR_ENGINE_TENSOR_SPLIT", "1,1")
+    monkeypatch.setenv("TOOLPAIR_ENGINE_ARGS", "rope_freq_base=10000")
+    config = tmp_path / "c.yaml"
+    config.write_text("engine_ctx_size: 2048\nengine_cache_type_v: q4_0\nprompt_cache_size: 0\n")
+    flags = "-c 16384 -t 4 -tb 8 -b 1024 -ub 256 -fa --cache-type-k q8_0 --mlock --no-mmap -ngl 12 --main-gpu 1"
+    flags += " --split-mode row --tensor-split 3,1 --prompt-cache-size 2G --logprobs --engine-arg seed=7"
+    flags += " --engine-arg numa=true --chat-template-file t.json"
+    args = build_parser().parse_args(["serve", "--config", str(config), *flags.split()])
+    settings = serve_settings(args)
+    assert (settings.engine_ctx_size, settings.engine_threads, settings.engine_threads_batch) == (16384, 4, 8)
+    assert (settings.engine_batch_size, settings.engine_ubatch_size, settings.engine_flash_attn) == (1024, 256, True)
+    assert (settings.engine_cache_type_k, settings.engine_cache_type_v) == ("q8_0", "q4_0")
+    assert (settings.engine_mlock, settings.engine_mmap, settings.engine_gpu_layers) == (True, False, 12)
+    assert (settings.engine_main_gpu, settings.engine_split_mode, settings.engine_tensor_split) == (1, "row", [3, 1])
+    assert (settings.prompt_cache_size, settings.engine_logprobs) == (2 << 30, True)
+    assert settings.engine_args == ["seed=7", "numa=true"] and settings.chat_template == "t.json"
+    plain = serve_settings(build_parser().parse_args(["serve", "--config", str(config), "-fa", "off"]))
+    assert (plain.engine_ctx_size, plain.engine_threads, plain.engine_tensor_split) == (2048, 3, [1.0, 1.0])
+    assert (plain.engine_args, plain.prompt_cache_size, plain.engine_flash_attn) == (["rope_freq_base=10000"], 0, False)
+    assert (plain.engine_logprobs, plain.engine_mmap, plain.engine_mlock) == (None, True, False)

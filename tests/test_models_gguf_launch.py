@@ -10,7 +10,15 @@ import pytest
 
 from engine_launcher import models
 from engine_launcher.gguf import GGUFError, chat_template, context_length, read_metadata
-from engine_launcher.launch import SERVER_SETTING_NAMES, EngineLaunch, engine_command, engine_env
+from engine_launcher.launch import (
+    CACHE_TYPES,
+    SERVER_SETTING_NAMES,
+    SPLIT_MODES,
+    EngineLaunch,
+    engine_command,
+    engine_env,
+    installed_setting_names,
+)
 from engine_launcher.models import (
     DEFAULT_TEMPLATE,
     ModelError,
@@ -147,8 +155,8 @@ def test_the_shipped_template_is_usable() -> None:
 def test_engine_command_line() -> None:
     launch = EngineLaunch(Path("/m/x.gguf"), 8123, "key", 4096, -1, DEFAULT_TEMPLATE, python="/py")
     command = engine_command(launch)
-    assert command[:3] == ["/py", "-m", "llama_cpp.server"]
-    options = dict(zip(command[3::2], command[4::2], strict=True))
+    assert command[:4] == ["/py", "-m", "engine_launcher.engine_main", "llama_cpp.server"]
+    options = dict(zip(command[4::2], command[5::2], strict=True))
     assert options == {
         "--model": "/m/x.gguf",
         "--host": "127.0.0.1",
@@ -156,11 +164,45 @@ def test_engine_command_line() -> None:
         "--n_ctx": "4096",
         "--n_gpu_layers": "-1",
         "--interrupt_requests": "False",
+        "--logits_all": "False",
         "--chat_format": "hf-tokenizer-config",
         "--hf_tokenizer_config_path": str(DEFAULT_TEMPLATE),
     }
     assert "key" not in command  # the key is not visible in ps
     assert "--chat_format" not in engine_command(EngineLaunch(Path("m"), 1, "k", 8))
+
+
+def test_engine_command_line_carries_every_knob_by_the_servers_names() -> None:
+    launch = EngineLaunch(
+        Path("m"), 1, "k", 8, logits_all=True, prompt_cache_bytes=1 << 30, n_threads=2, n_threads_batch=4,
+        n_batch=256, n_ubatch=128, flash_attn=True, cache_type_k="q8_0", cache_type_v="q4_0", use_mlock=True,
+        use_mmap=False, main_gpu=1, split_mode="row", tensor_split=(3.0, 1.0), extra={"rope_freq_base": "10000"},
+    )  # fmt: skip
+    command = engine_command(launch)
+    split = command.index("--tensor_split")
+    assert command[split : split + 3] == ["--tensor_split", "3", "1"]
+    rest = command[4:split] + command[split + 3 :]
+    options = dict(zip(rest[::2], rest[1::2], strict=True))
+    assert {k: v for k, v in options.items() if k not in ("--model", "--host", "--port", "--n_gpu_layers")} == {
+        "--n_ctx": "8",
+        "--interrupt_requests": "False",
+        "--logits_all": "True",
+        "--cache": "True",
+        "--cache_type": "ram",
+        "--cache_size": str(1 << 30),
+        "--n_threads": "2",
+        "--n_threads_batch": "4",
+        "--n_batch": "256",
+        "--n_ubatch": "128",
+        "--flash_attn": "True",
+        "--type_k": "8",
+        "--type_v": "2",
+        "--use_mlock": "True",
+        "--use_mmap": "False",
+        "--main_gpu": "1",
+        "--split_mode": "2",
+        "--rope_freq_base": "10000",
+    }
 
 
 def test_engine_environment_drops_what_the_server_would_read_as_settings() -> None:
@@ -173,3 +215,14 @@ def test_the_dropped_names_match_the_installed_server() -> None:
     settings = pytest.importorskip("llama_cpp.server.settings")
     fields = set(settings.Settings.model_fields) | set(settings.ConfigFileSettings.model_fields)
     assert fields | {"config_file"} == SERVER_SETTING_NAMES
+    # What serve checks --engine-arg against, read from the installed source without importing it.
+    assert installed_setting_names() == SERVER_SETTING_NAMES
+
+
+def test_the_ggml_type_numbers_match_the_installed_engine() -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    for name, (number, _) in CACHE_TYPES.items():
+        # The bindings do not export BF16; ggml.h numbers it 30.
+        assert getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", 30) == number, name
+    for name, number in SPLIT_MODES.items():
+        assert getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{name.upper()}") == number, name

@@ -115,26 +115,35 @@ async def wait_ready(url: str, process: subprocess.Popen[bytes], within: float =
     raise AssertionError("toolpair serve did not become ready")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    tmp = tmp_path_factory.mktemp("serve")
+def start_serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
+    """``toolpair serve`` on a free port, returned once /ready answers 200 (or killed, with its log)."""
     port = free_port()
-    started = time.monotonic()
-    # n_ctx 4096 matches the session's real_engine, so their logprobs are comparable.
-    process, out, err = launch_serve(
-        tmp,
-        "--port",
-        str(port),
-        TOOLPAIR_ENGINE_MAX_CTX="4096",
-        TOOLPAIR_MAX_QUEUE="1",
-        TOOLPAIR_SHUTDOWN_GRACE="60",
-    )
+    process, out, err = launch_serve(tmp, "--port", str(port), *args, **env)
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(url, process))
     except BaseException:
         process.kill()
         raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
+    return process, url, out, err
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("serve")
+    started = time.monotonic()
+    # n_ctx 4096, logprobs and no prompt cache match the session's real_engine, so their logprobs
+    # are comparable (a prompt restored from the cache is evaluated in other batches).
+    process, url, out, err = start_serve(
+        tmp,
+        "--ctx-size",
+        "4096",
+        "--logprobs",
+        "--prompt-cache-size",
+        "0",
+        TOOLPAIR_MAX_QUEUE="1",
+        TOOLPAIR_SHUTDOWN_GRACE="60",
+    )
     served = Served(process, url, out, err, time.monotonic() - started)
     yield served
     if process.poll() is None:  # the last test normally stops it
@@ -404,6 +413,8 @@ async def test_an_engine_that_cannot_load_the_model_stops_serve_with_its_log(tmp
     assert code == 1, log[-3000:]
     assert "the engine failed to start: exited with status" in log
     assert "failed to load model" in log  # the engine's own words, from its output
+    assert "error loading model: tensor" in log  # why, from early in its loader output (debug level)
+    assert len(log.splitlines()) <= 30, log  # the loader's dump itself stays out at the default level
     assert not children(process.pid)
 
 
@@ -416,14 +427,49 @@ def record(backend: str) -> EngineRecord:
 
 def test_plan_for_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve, "available_memory", lambda: 16 << 30)
     plan = serve.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
     launch = plan.launch
     assert launch.model == bundled_model() and launch.chat_template == DEFAULT_TEMPLATE
-    assert launch.n_ctx == 8192  # the model's 32768, capped by engine_max_ctx
+    assert launch.n_ctx == 32768  # the model's training context
     assert launch.n_gpu_layers == 0 and launch.host == "127.0.0.1" and len(launch.api_key) >= 32
+    assert not launch.logits_all and launch.prompt_cache_bytes == 1 << 30
     assert plan.backend == "cpu" and plan.warnings == []
-    assert serve.plan_serve(Settings(engine_max_ctx=100_000), check_machine=False).launch.n_ctx == 32768
+    assert plan.memory is not None and plan.memory.scores == 0 and plan.memory.total < 3 << 30
+    assert plan.logprobs_cost == 32 << 30  # 32768 x 262144 x 4 bytes, stated in the banner
+    assert serve.plan_serve(Settings(engine_ctx_size=4096), check_machine=False).launch.n_ctx == 4096
     assert serve.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key
+
+
+def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve, "available_memory", lambda: 8 << 30)
+    # Logprobs at the full 32768 would need 32 GiB of logits alone.
+    plan = serve.plan_serve(Settings(engine_logprobs=True), check_machine=False)
+    launch, memory = plan.launch, plan.memory
+    assert launch.logits_all and 4096 <= launch.n_ctx < 32768 and launch.n_ctx % 256 == 0
+    assert memory is not None and memory.total <= 8 << 30 and memory.scores == launch.n_ctx * 262144 * 4
+    (note,) = plan.warnings
+    assert note.startswith(f"n_ctx {launch.n_ctx}, not 32768 (the model's training context): the engine would need")
+    assert note.endswith("and this machine has 8.0 GiB available")
+    # The same for an explicit --ctx-size; a machine that holds nothing gets a warning, not a guess.
+    assert serve.plan_serve(Settings(engine_ctx_size=65536), check_machine=False).launch.n_ctx <= 65536
+    monkeypatch.setattr(serve, "available_memory", lambda: 100 << 20)
+    assert "it may not start" in serve.plan_serve(Settings(), check_machine=False).warnings[0]
+
+
+def test_the_memory_estimate_reads_the_models_shape() -> None:
+    from engine_launcher.gguf import read_metadata
+    from engine_launcher.memory import ModelShape, estimate_memory
+
+    shape = ModelShape.from_metadata(read_metadata(bundled_model()))
+    assert shape == ModelShape(18, 4, 1, 256, 256, 262144, sliding_window=512, swa_pattern=6)
+    small, full = (estimate_memory(shape, 1, n, logits_all=False) for n in (4096, 32768))
+    # Three global layers grow with n_ctx; fifteen sliding-window layers hold their window only.
+    assert full.kv_cache - small.kv_cache == 3 * 1024 * (32768 - 4096)
+    quantized = estimate_memory(shape, 1, 32768, logits_all=False, bytes_k=34 / 32, bytes_v=34 / 32)
+    assert quantized.kv_cache < full.kv_cache * 0.6
+    assert estimate_memory(shape, 1, 32768, logits_all=False, flash_attn=True).compute < full.compute
 
 
 def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -212,7 +212,7 @@ async def test_shutdown_is_final(supervised: Callable[..., Watched]) -> None:
 async def test_engine_output_goes_to_the_log_with_a_prefix(
     supervised: Callable[..., Watched], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="toolpair.engine")
+    caplog.set_level(logging.DEBUG, logger="toolpair.engine")
     w = supervised("serve")
     await w.engine.ensure_ready()
     assert any(r.getMessage() == "engine: fake engine: loading model" for r in caplog.records)

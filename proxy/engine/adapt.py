@@ -14,6 +14,7 @@ cannot see them, custom tools) is refused with a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from proxy._types import Body, Message
 from proxy.engine.kinds import EngineKind, EngineProfile
 from proxy.errors import ClientInputError
 
-__all__ = ["RULES", "adapt_chat_request"]
+__all__ = ["RULES", "adapt_chat_request", "refuse_completion_logprobs", "refuse_responses_logprobs"]
 
 _TEXT_PARTS = frozenset({"text", "refusal"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -261,10 +262,52 @@ def json_schema_as_json_object(body: Body, profile: EngineProfile) -> Body:
     return {**body, "response_format": adapted}
 
 
+_LOGPROBS_OFF = (
+    "this engine runs without logprobs ({param} asks for them); start toolpair serve with --logprobs "
+    "(setting engine_logprobs: true) to serve them, at the memory cost its banner states"
+)
+
+
+def refuse_logprobs(body: Body, profile: EngineProfile) -> Body:
+    """``logprobs`` or ``top_logprobs`` for an engine without them is a 400, not its 500 or a silent null."""
+    if profile.logprobs:
+        return body
+    for param in ("logprobs", "top_logprobs"):
+        value = body.get(param)
+        if value is not None and value is not False:
+            raise ClientInputError(_LOGPROBS_OFF.format(param=param), param=param)
+    return body
+
+
+def refuse_completion_logprobs(raw: bytes | None, profile: EngineProfile) -> None:
+    """The same refusal for a legacy ``/v1/completions`` body, which otherwise goes upstream untouched."""
+    if profile.logprobs or not raw or b"logprobs" not in raw:
+        return
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return  # not JSON: the engine's to refuse
+    if isinstance(body, dict) and body.get("logprobs") is not None:
+        raise ClientInputError(_LOGPROBS_OFF.format(param="logprobs"), param="logprobs")
+
+
+def refuse_responses_logprobs(data: Body, profile: EngineProfile) -> None:
+    """A Responses request for ``top_logprobs`` or ``include`` of output logprobs, for an engine without them."""
+    if profile.logprobs:
+        return
+    top = data.get("top_logprobs")
+    if top is not None and top != 0:
+        raise ClientInputError(_LOGPROBS_OFF.format(param="top_logprobs"), param="top_logprobs")
+    include = data.get("include")
+    if isinstance(include, list) and "message.output_text.logprobs" in include:
+        raise ClientInputError(_LOGPROBS_OFF.format(param="include"), param="include")
+
+
 Rule = Callable[[Body, EngineProfile], Body]
 
 RULES: tuple[Rule, ...] = (
     refuse_multiple_choices,
+    refuse_logprobs,
     refuse_unseen_media,
     refuse_custom_tools,
     move_tool_images,

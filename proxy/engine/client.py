@@ -41,9 +41,10 @@ from multidict import CIMultiDict
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
+from proxy.engine.queueing import conversation_key
 from proxy.engine.stop_sequences import EndMarkerGuard, strip_end_marker_prefix
 from proxy.engine.toolcalls import ChunkExtractor, IdSource, extract_completion, random_call_id
-from proxy.engine.upstream import Upstream
+from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import UpstreamError, UpstreamStatusError, UpstreamTimeoutError
 from proxy.ops.trace import note_toolcalls
 from proxy.order import OrderReport, order_chat_results
@@ -68,15 +69,17 @@ CHAT_PATH = "/v1/chat/completions"
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _NO_DONE = "ended its stream without [DONE] (llama-cpp-python does this when the prompt is longer than its context)"
 
-Admission = Callable[[web.Request], AbstractAsyncContextManager[None]]
+Admission = Callable[[web.Request, str | None], AbstractAsyncContextManager[EngineTarget | None]]
 """Held around each engine call, response included: where a queue or an engine-readiness wait
-goes. It raises a ToolpairError to refuse a request."""
+goes. It raises a ToolpairError to refuse a request. Called with the request's conversation key
+(:func:`~proxy.engine.queueing.conversation_key`), it gives the engine to send to (one of
+``serve --parallel``'s), or None for the app's upstream."""
 
 
 @asynccontextmanager
-async def admit_all(request: web.Request) -> AsyncIterator[None]:
+async def admit_all(request: web.Request, conversation: str | None = None) -> AsyncIterator[EngineTarget | None]:
     """The sidecar default: every request goes straight to the engine."""
-    yield
+    yield None
 
 
 def prepare_chat_body(body: Body) -> tuple[Body, OrderReport]:
@@ -240,10 +243,16 @@ class EngineClient:
         self._admission = admission
 
     @asynccontextmanager
-    async def admitted(self, request: web.Request) -> AsyncIterator[EngineCall]:
-        """The one place a request enters admission; the engine is this request's until the block ends."""
-        async with self._admission(request):
-            yield EngineCall(self.upstream, self.setup)
+    async def admitted(self, request: web.Request, chat: Body | None = None) -> AsyncIterator[EngineCall]:
+        """The one place a request enters admission; the engine is this request's until the block ends.
+
+        ``chat`` is the Chat body about to be sent, when there is one: its conversation key lets
+        admission prefer the engine that served the conversation's last turn (its KV state and
+        prompt cache still hold the prefix).
+        """
+        conversation = conversation_key(chat.get("messages")) if chat is not None else None
+        async with self._admission(request, conversation) as target:
+            yield EngineCall(self.upstream.at(target), self.setup)
 
 
 @dataclass

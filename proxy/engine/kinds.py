@@ -90,6 +90,8 @@ class EngineProfile:
     """A route that counts tokens of a text: ``{"input": str}`` -> ``{"count": int}``."""
     reuses_connections: bool = True
     """A kept-alive connection stays usable after a failed request (else each request gets a fresh one)."""
+    logprobs: bool = True
+    """Serves logprobs (llama-cpp-python only when started with ``logits_all``: a setting, engine_logprobs)."""
 
 
 ENGINES: dict[EngineKind, EngineProfile] = {
@@ -156,8 +158,11 @@ ENGINES: dict[EngineKind, EngineProfile] = {
 }
 
 
-def engine_profile(kind: str, *, vision: bool = False) -> EngineProfile:
+def engine_profile(kind: str, *, vision: bool = False, logprobs: bool = True) -> EngineProfile:
     """The table row for ``kind``; ``vision`` says whether the model can see images.
+
+    ``logprobs`` false says a llama-cpp-python engine runs without ``logits_all``
+    (how ``toolpair serve`` starts it unless told), so it cannot serve them.
 
     A model with a vision handler renders lists of parts in user messages, so
     those stay lists.
@@ -170,6 +175,8 @@ def engine_profile(kind: str, *, vision: bool = False) -> EngineProfile:
     except ValueError:
         known = ", ".join(k.value for k in EngineKind)
         raise ValueError(f"unknown engine kind {kind!r} (known: {known})") from None
+    if not logprobs and profile.kind is EngineKind.LLAMA_CPP_PYTHON:
+        profile = replace(profile, logprobs=False)
     if profile.refuses_unseen_media or not vision:
         return profile
     return replace(profile, vision=True, list_content_roles=profile.list_content_roles | {"user"})

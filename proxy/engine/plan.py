@@ -49,7 +49,8 @@ def engine_setup(settings: Settings) -> EngineSetup:
     False
     """
     try:
-        profile = engine_profile(settings.engine_kind, vision=settings.vision)
+        logprobs = settings.engine_logprobs is not False
+        profile = engine_profile(settings.engine_kind, vision=settings.vision, logprobs=logprobs)
     except ValueError as exc:
         raise ConfigError(f"engine_kind: {exc}") from None
     if settings.tool_call_format not in TOOL_CALL_FORMATS:

@@ -17,8 +17,10 @@ Every request and response also passes the current request's
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict
@@ -26,7 +28,19 @@ from multidict import CIMultiDict
 from proxy.errors import UpstreamError, UpstreamTimeoutError
 from proxy.ops.trace import Trace, current_trace
 
-__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "Upstream", "forwardable_headers"]
+__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "EngineTarget", "Upstream", "forwardable_headers"]
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """The engine one admitted request goes to (one of serve's --parallel engines)."""
+
+    name: str
+    """"engine-0", ... for logs, metrics and status."""
+    base_url: str
+    """e.g. http://127.0.0.1:PORT"""
+    api_key: str | None
+
 
 # RFC 9110 section 7.6.1 connection-specific fields, plus the ones aiohttp
 # recomputes for the new hop (Host, Content-Length).
@@ -99,6 +113,19 @@ class Upstream:
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy must not keep one client's cookies for the next
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         )
+
+    def at(self, target: EngineTarget | None) -> Upstream:
+        """This upstream, sending to ``target`` instead (same pooled session); itself when ``target`` is None.
+
+        Admission picks one of several engines per request; the handler then
+        talks to that engine through the returned view, with its URL and key.
+        """
+        if target is None:
+            return self
+        view = copy.copy(self)
+        view.base_url = target.base_url.rstrip("/")
+        view._api_key = target.api_key
+        return view
 
     async def close(self) -> None:
         if self._session is not None:

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.engine.adapt import refuse_completion_logprobs
 from proxy.engine.client import EngineCall, decode_completion, engine_message, strip_cut_marker
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, UpstreamError, UpstreamStatusError, error_event
@@ -153,6 +154,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     """Forward any other route transparently: method, path, query, headers, body, status."""
     settings = request.app[SETTINGS]
     body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
+    if request.method == "POST" and request.path in ("/v1/completions", "/completions"):
+        refuse_completion_logprobs(body, request.app[ENGINE_CLIENT].setup.profile)
     headers = forwardable_headers(request.headers)
     async with (
         request.app[ENGINE_CLIENT].admitted(request) as call,

@@ -13,15 +13,42 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-__all__ = ["ENGINE_PROBE", "ENGINE_STATES", "EngineProbe", "EngineSnapshot"]
+__all__ = ["ENGINE_PROBE", "ENGINE_STATES", "EngineProbe", "EngineReading", "EngineSnapshot", "overall_state"]
 
 ENGINE_STATES = ("stopped", "starting", "ready", "stopping", "shutdown")
 """States always exported (0 or 1) so a dashboard sees each series; others are added as reported."""
 
 
 @dataclass(frozen=True)
+class EngineReading:
+    """One engine of several (``toolpair serve --parallel N``)."""
+
+    name: str
+    state: str
+    restarts: int = 0
+    active: int = 0
+    """Requests it works on now."""
+    served: int = 0
+    """Requests it has been given since toolpair started."""
+    port: int | None = None
+
+
+_BEST_FIRST = ("ready", "starting", "stopping", "stopped", "failed", "shutdown")
+
+
+def overall_state(states: tuple[str, ...]) -> str:
+    """The state of a group of engines: the best any of them is in (ready when one can serve).
+
+    >>> overall_state(("starting", "ready")), overall_state(("failed", "starting"))
+    ('ready', 'starting')
+    """
+    known = [s for s in _BEST_FIRST if s in states]
+    return known[0] if known else states[0]
+
+
+@dataclass(frozen=True)
 class EngineSnapshot:
-    """One reading of the managed engine."""
+    """One reading of the managed engine (of all of them, with ``engines`` telling each apart)."""
 
     state: str
     restarts: int = 0
@@ -29,6 +56,8 @@ class EngineSnapshot:
     model: str | None = None
     queue_depth: int | None = None
     """Requests waiting for admission right now; None where there is no queue."""
+    engines: tuple[EngineReading, ...] = ()
+    """Each engine on its own, when serve runs several; empty for one."""
 
 
 EngineProbe = Callable[[], EngineSnapshot]

@@ -21,6 +21,10 @@ Exported (all prefixed ``toolpair_``)::
     queue_depth                             requests waiting now (managed engine only)
     engine_state{state}                     1 for the engine's current state (managed only)
     engine_restarts_total                   engine restarts (managed only)
+    engine_instance_state{engine,state}     1 for each engine's state (serve --parallel N)
+    engine_instance_restarts_total{engine}  restarts of each engine (serve --parallel N)
+    engine_instance_active{engine}          requests each engine works on (serve --parallel N)
+    engine_instance_requests_total{engine}  requests given to each engine (serve --parallel N)
     prompt_tokens_total{route}              prompt tokens reported in usage
     completion_tokens_total{route}          completion tokens reported in usage
     build_info{version}                     always 1
@@ -42,7 +46,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from proxy import __version__
-from proxy.ops.engine_probe import ENGINE_STATES, EngineSnapshot
+from proxy.ops.engine_probe import ENGINE_STATES, EngineReading, EngineSnapshot
 from proxy.ops.trace import Trace
 from proxy.ops.usage import Usage
 
@@ -74,6 +78,27 @@ class _EngineCollector:
             yield GaugeMetricFamily(
                 "toolpair_queue_depth", "Requests waiting for admission", value=snapshot.queue_depth
             )
+        if snapshot.engines:
+            yield from _each_engine(snapshot.engines)
+
+
+def _each_engine(readings: tuple[EngineReading, ...]) -> Iterable[Metric]:
+    """Per-engine series, labelled ``engine``, when serve runs several engines."""
+    state = GaugeMetricFamily(
+        "toolpair_engine_instance_state", "1 for each engine's current state", labels=["engine", "state"]
+    )
+    restarts = CounterMetricFamily("toolpair_engine_instance_restarts", "Restarts of each engine", labels=["engine"])
+    active = GaugeMetricFamily("toolpair_engine_instance_active", "Requests each engine works on", labels=["engine"])
+    served = CounterMetricFamily(
+        "toolpair_engine_instance_requests", "Requests given to each engine", labels=["engine"]
+    )
+    for reading in readings:
+        for name in dict.fromkeys((*ENGINE_STATES, reading.state)):
+            state.add_metric([reading.name, name], 1.0 if name == reading.state else 0.0)
+        restarts.add_metric([reading.name], reading.restarts)
+        active.add_metric([reading.name], reading.active)
+        served.add_metric([reading.name], reading.served)
+    yield from (state, restarts, active, served)
 
 
 class Metrics:

@@ -11,6 +11,7 @@ engine itself and the serve path sets ``app[ENGINE_PROBE]``)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -53,6 +54,8 @@ def status_handler(upstream_url: str, keys_required: bool) -> Handler:
             "restarts": snapshot.restarts if snapshot else None,
             "queue_depth": snapshot.queue_depth if snapshot else None,
         }
+        if snapshot is not None and snapshot.engines:
+            engine["engines"] = [dataclasses.asdict(reading) for reading in snapshot.engines]
         body = {
             "version": __version__,
             "mode": "managed" if probe is not None else "sidecar",

@@ -200,3 +200,32 @@ def test_the_table_has_every_kind_and_generic_trusts_the_engine() -> None:
         engine_profile("vllm")
     assert engine_profile("llama-server", vision=False).refuses_unseen_media
     assert "user" in LCP_VISION.list_content_roles and "user" not in LCP.list_content_roles
+
+
+LCP_NO_LOGPROBS = engine_profile("llama-cpp-python", logprobs=False)
+
+
+def test_logprobs_for_an_engine_without_them_are_refused_by_name() -> None:
+    from proxy.engine.adapt import refuse_completion_logprobs, refuse_logprobs, refuse_responses_logprobs
+
+    for extra, param in (({"logprobs": True}, "logprobs"), ({"top_logprobs": 0}, "top_logprobs")):
+        with pytest.raises(ClientInputError, match="engine_logprobs") as refused:
+            refuse_logprobs(msgs(**extra), LCP_NO_LOGPROBS)
+        assert refused.value.param == param and refused.value.status == 400
+    with pytest.raises(ClientInputError, match="--logprobs"):
+        refuse_completion_logprobs(b'{"prompt": "x", "logprobs": 0}', LCP_NO_LOGPROBS)
+    with pytest.raises(ClientInputError, match="include"):
+        refuse_responses_logprobs({"include": ["message.output_text.logprobs"]}, LCP_NO_LOGPROBS)
+    with pytest.raises(ClientInputError, match="top_logprobs"):
+        refuse_responses_logprobs({"top_logprobs": 5}, LCP_NO_LOGPROBS)
+    # Asking for none passes; so does everything where the engine serves them.
+    for body in (msgs(logprobs=False), msgs(logprobs=None), msgs()):
+        assert refuse_logprobs(body, LCP_NO_LOGPROBS) is body
+    refuse_completion_logprobs(b'{"prompt": "logprobs", "logprobs": null}', LCP_NO_LOGPROBS)
+    refuse_completion_logprobs(b"not json logprobs", LCP_NO_LOGPROBS)
+    refuse_responses_logprobs({"top_logprobs": 0, "include": ["reasoning.encrypted_content"]}, LCP_NO_LOGPROBS)
+    for profile in (LCP, GENERIC, engine_profile("generic", logprobs=False)):
+        body = msgs(logprobs=True, top_logprobs=2)
+        assert refuse_logprobs(body, profile) is body
+        refuse_completion_logprobs(b'{"logprobs": 2}', profile)
+        refuse_responses_logprobs({"top_logprobs": 2}, profile)

@@ -17,7 +17,7 @@ import proxy
 from proxy.config import Settings
 from proxy.errors import EngineUnavailableError
 from proxy.http.app import create_app
-from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
+from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot
 from proxy.ops.trace import note_toolcalls, trace_of
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received, chunk
@@ -181,7 +181,7 @@ class FakeEngine:
         self.refuse = False
 
     @asynccontextmanager
-    async def admit(self, request: web.Request) -> AsyncIterator[None]:
+    async def admit(self, request: web.Request, conversation: str | None) -> AsyncIterator[None]:
         await asyncio.sleep(0.05)
         trace_of(request).queued(0.05)
         if self.refuse:
@@ -293,3 +293,28 @@ async def test_status_reports_the_managed_engine(managed: tuple[str, FakeEngine]
         "restarts": 1,
         "queue_depth": 0,
     }
+
+
+async def test_each_of_several_engines_has_its_own_series_and_status(managed: tuple[str, FakeEngine]) -> None:
+    url, fake = managed
+    fake.snapshot = EngineSnapshot(
+        state="ready",
+        restarts=1,
+        queue_depth=0,
+        engines=(
+            EngineReading("engine-0", "starting", restarts=1, active=0, served=3, port=41001),
+            EngineReading("engine-1", "ready", restarts=0, active=1, served=5, port=41002),
+        ),
+    )
+    samples = await scrape(url)
+    assert value(samples, "toolpair_engine_instance_state", engine="engine-0", state="starting") == 1
+    assert value(samples, "toolpair_engine_instance_state", engine="engine-0", state="ready") == 0
+    assert value(samples, "toolpair_engine_instance_state", engine="engine-1", state="ready") == 1
+    assert value(samples, "toolpair_engine_instance_restarts_total", engine="engine-0") == 1
+    assert value(samples, "toolpair_engine_instance_active", engine="engine-1") == 1
+    assert value(samples, "toolpair_engine_instance_requests_total", engine="engine-1") == 5
+    status = await status_of(url)
+    assert status["engine"]["engines"] == [
+        {"name": "engine-0", "state": "starting", "restarts": 1, "active": 0, "served": 3, "port": 41001},
+        {"name": "engine-1", "state": "ready", "restarts": 0, "active": 1, "served": 5, "port": 41002},
+    ]

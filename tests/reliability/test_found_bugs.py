@@ -218,9 +218,12 @@ REPORT = [
 def test_the_supervisor_leaves_the_engines_failed_request_report_out_of_the_log(
     caplog: pytest.LogCaptureFixture, quote_requests: bool
 ) -> None:
-    """llama-cpp-python's report of a request it failed quotes the request; toolpair relayed it to its log."""
+    """llama-cpp-python's report of a request it failed quotes the request; toolpair relayed it to its log.
+
+    The engine's output is logged at debug level (the error lines at warning): capture all of it.
+    """
     supervisor = EngineSupervisor(ChildSpec(["true"], "http://127.0.0.1:1/"), quote_requests=quote_requests)
-    with caplog.at_level(logging.INFO, logger="toolpair.engine"):
+    with caplog.at_level(logging.DEBUG, logger="toolpair.engine"):
         for line in REPORT:
             supervisor._log_line(line.encode())
     logged = [record.getMessage() for record in caplog.records]

@@ -126,7 +126,7 @@ def launch(tmp: Path, **env: str) -> Served:
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TOOLPAIR_ENGINE_MAX_CTX": "2048", **env},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TOOLPAIR_ENGINE_CTX_SIZE": "2048", **env},
         stdout=subprocess.DEVNULL,
         stderr=log.open("wb"),
         preexec_fn=die_with_parent(),

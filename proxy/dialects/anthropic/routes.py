@@ -181,7 +181,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
             MessageFrames(events),
             ping_interval=settings.messages_ping_interval,
         )
-    async with request.app[ENGINE_CLIENT].admitted(request) as call:
+    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
         if not plan.stop_sequences:
             message = message_from_completion(await call.completion(plan.chat), model=plan.model)
         else:
@@ -243,7 +243,7 @@ async def _chunks(
     request: web.Request, plan: TranslationPlan, events: MessageEvents
 ) -> AsyncGenerator[Body | None, None]:
     """The engine's chunks for a streamed message; admission is entered here, so pings cover a queue wait."""
-    async with request.app[ENGINE_CLIENT].admitted(request) as call:
+    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
         events.input_tokens = await _input_tokens(request, call, plan.chat)
         async with aclosing(call.stream(_usage_asked(plan.chat))) as chunks:
             async for chunk in chunks:

@@ -44,7 +44,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if plan.adapted:
         log.debug("chat: adapted for %s: %s", client.setup.profile.kind, ", ".join(plan.adapted))
     headers = forwardable_headers(request.headers, _API_DROP)
-    async with client.admitted(request) as call, call.open("POST", request.path_qs, headers, plan.body) as response:
+    async with (
+        client.admitted(request, plan.data) as call,
+        call.open("POST", request.path_qs, headers, plan.body) as response,
+    ):
         if plan.reply is None or response.status >= 400:
 
             async def diagnose() -> None:

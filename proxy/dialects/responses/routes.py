@@ -30,6 +30,7 @@ from proxy.dialects.responses.request import (
 )
 from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
+from proxy.engine.adapt import refuse_responses_logprobs
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
@@ -152,6 +153,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     store = request.app[RESPONSES_STORE]
     raw = await read_body(request, settings.max_body_bytes)
     data = decode_body(raw)
+    refuse_responses_logprobs(data, request.app[ENGINE_CLIENT].setup.profile)
     previous = previous_response_id(data)
     parent = await store.get(previous, previous=True) if previous else None
     plan = translate_request(
@@ -173,7 +175,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return await stream_reply(
             request, _chunks(request, plan, engine_headers), frames, headers=headers, before_finish=keep
         )
-    async with request.app[ENGINE_CLIENT].admitted(request) as call:
+    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
         completion = await call.completion(plan.chat, engine_headers)
     response = chat_to_response(completion, plan, response_id, created_at)
     body = orjson.dumps(response)
@@ -186,7 +188,7 @@ async def _chunks(
     request: web.Request, plan: ResponsesPlan, engine_headers: dict[str, str]
 ) -> AsyncGenerator[Body | None, None]:
     async with (
-        request.app[ENGINE_CLIENT].admitted(request) as call,
+        request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call,
         # Usage asked for, so an engine that streams none gets it counted (the final response reports it).
         aclosing(call.stream({**plan.chat, "stream_options": {"include_usage": True}}, engine_headers)) as chunks,
     ):

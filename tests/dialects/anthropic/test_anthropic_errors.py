@@ -198,7 +198,7 @@ async def test_engine_silent_past_the_read_timeout_is_a_504(engine: MockEngine) 
 
 async def test_an_engine_that_is_not_ready_is_overloaded(engine: MockEngine) -> None:
     @asynccontextmanager
-    async def refuse(request: web.Request) -> AsyncIterator[None]:
+    async def refuse(request: web.Request, conversation: str | None) -> AsyncIterator[None]:
         raise EngineUnavailableError("the engine is starting")
         yield  # pragma: no cover
 

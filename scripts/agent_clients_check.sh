@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Live check that the README's agent clients work on `toolpair serve`'s defaults.
+#
+# Installs the real Claude Code and Codex CLIs from npm into a local prefix (not
+# global), starts `toolpair serve` with no settings at all (the bundled model),
+# runs one non-interactive turn of each, and reports pass or fail with timings.
+# A turn passes when the CLI exits 0 and reports no API error and no "prompt is
+# too long"; what the tiny model says does not matter. Exit status: 0 when both
+# pass.
+#
+#   scripts/agent_clients_check.sh            # needs `make .venv/.deps-serve` and `toolpair engine install`
+#   CLI_PREFIX=/opt/agents TURN_TIMEOUT=1800 scripts/agent_clients_check.sh
+#   EXTRA_SERVE_ARGS="--parallel 2" scripts/agent_clients_check.sh
+#   CLIENTS=codex scripts/agent_clients_check.sh     # one of them only
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TOOLPAIR="${TOOLPAIR:-$ROOT/.venv/bin/toolpair}"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+CLI_PREFIX="${CLI_PREFIX:-${TOOLPAIR_CACHE:-$HOME/.cache/toolpair}/agent-clients}"
+TURN_TIMEOUT="${TURN_TIMEOUT:-1200}"    # seconds per CLI turn: a 13k-token prompt takes minutes on a small CPU
+READY_TIMEOUT="${READY_TIMEOUT:-600}"
+PROMPT="${PROMPT:-Say hello in one short sentence.}"
+CLIENTS="${CLIENTS:-claude codex}"
+
+WORK="$(mktemp -d -t toolpair-agents-XXXXXX)"
+SERVE_PID=""
+cleanup() {
+    if [ -n "$SERVE_PID" ] && kill -0 "$SERVE_PID" 2>/dev/null; then
+        kill -TERM "$SERVE_PID" 2>/dev/null
+        wait "$SERVE_PID" 2>/dev/null
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# --- 1. the CLIs, from npm, into a local prefix --------------------------------------------
+CLAUDE="$CLI_PREFIX/node_modules/.bin/claude"
+CODEX="$CLI_PREFIX/node_modules/.bin/codex"
+if [ ! -x "$CLAUDE" ] || [ ! -x "$CODEX" ] || [ -n "${UPDATE_CLIS:-}" ]; then
+    echo "installing @anthropic-ai/claude-code and @openai/codex into $CLI_PREFIX"
+    mkdir -p "$CLI_PREFIX"
+    npm install --prefix "$CLI_PREFIX" --no-audit --no-fund --loglevel=error \
+        @anthropic-ai/claude-code @openai/codex || { echo "FAIL: npm install"; exit 1; }
+fi
+echo "claude $("$CLAUDE" --version 2>/dev/null | head -1); codex $("$CODEX" --version 2>/dev/null | head -1)"
+
+# --- 2. toolpair serve on its defaults -----------------------------------------------------
+PORT="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+URL="http://127.0.0.1:$PORT"
+started="$(now)"
+# shellcheck disable=SC2086  # EXTRA_SERVE_ARGS is a list of words on purpose
+"$TOOLPAIR" serve --port "$PORT" ${EXTRA_SERVE_ARGS:-} >"$WORK/serve.out" 2>"$WORK/serve.err" &
+SERVE_PID=$!
+until curl -sf "$URL/ready" >/dev/null; do
+    if ! kill -0 "$SERVE_PID" 2>/dev/null || [ "$(since "$started" | cut -d. -f1)" -ge "$READY_TIMEOUT" ]; then
+        echo "FAIL: toolpair serve did not become ready"; tail -30 "$WORK/serve.err"; exit 1
+    fi
+    sleep 0.5
+done
+echo "toolpair serve ready in $(since "$started")s:"
+sed 's/^/  | /' "$WORK/serve.out"
+
+failures=0
+report() { # name, start, pass|fail, detail
+    printf '%-12s %-4s %7ss  %s\n' "$1" "$(echo "$3" | tr a-z A-Z)" "$(since "$2")" "$4"
+    [ "$3" = pass ] || failures=$((failures + 1))
+}
+problem() { # the first API error or context overflow a CLI printed, if any
+    grep -ioE '(prompt is too long|api error[^"]{0,160}|stream error[^"]{0,160}|unexpected status[^"]{0,160})' "$1" | head -1
+}
+
+# --- 3. Claude Code: one -p turn -----------------------------------------------------------
+if [[ " $CLIENTS " == *" claude "* ]]; then
+mkdir -p "$WORK/claude-project" "$WORK/claude-config"
+t="$(now)"
+(cd "$WORK/claude-project" && ANTHROPIC_BASE_URL="$URL" ANTHROPIC_API_KEY="sk-ant-local" DISABLE_TELEMETRY=1 \
+    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CONFIG_DIR="$WORK/claude-config" \
+    API_TIMEOUT_MS="$((TURN_TIMEOUT * 1000))" CLAUDE_STREAM_IDLE_TIMEOUT_MS="$((TURN_TIMEOUT * 1000))" \
+    timeout "$TURN_TIMEOUT" "$CLAUDE" -p "$PROMPT" --output-format json --max-turns 3 \
+    </dev/null >"$WORK/claude.out" 2>"$WORK/claude.err")
+code=$?
+verdict="$("$PYTHON" - "$WORK/claude.out" <<'EOF'
+import json, sys
+try:
+    result = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except (ValueError, IndexError) as exc:
+    print(f"fail no JSON result ({exc})")
+    raise SystemExit
+text = str(result.get("result", ""))
+bad = result.get("is_error") or "api error" in text.lower() or "prompt is too long" in text.lower()
+turns = result.get("num_turns")
+print(("fail" if bad else "pass"), f"{result.get('subtype')}, {turns} turn(s), said: {text[:100]!r}")
+EOF
+)"
+found="$(problem "$WORK/claude.out"; problem "$WORK/claude.err")"
+if [ "$code" -eq 0 ] && [ "${verdict%% *}" = pass ] && [ -z "$found" ]; then
+    report "claude -p" "$t" pass "${verdict#* }"
+else
+    report "claude -p" "$t" fail "exit $code; ${verdict#* } ${found}"
+    tail -5 "$WORK/claude.err"
+fi
+fi
+
+# --- 4. Codex CLI: one exec turn -----------------------------------------------------------
+if [[ " $CLIENTS " == *" codex "* ]]; then
+mkdir -p "$WORK/codex-home" "$WORK/codex-project"
+cat >"$WORK/codex-home/config.toml" <<EOF
+model = "local-model"
+model_provider = "toolpair"
+
+[model_providers.toolpair]
+name = "toolpair"
+base_url = "$URL/v1"
+wire_api = "responses"
+env_key = "TOOLPAIR_KEY"
+# A long prompt on a small CPU sends nothing for minutes before the first token.
+stream_idle_timeout_ms = $((TURN_TIMEOUT * 1000))
+stream_max_retries = 0
+request_max_retries = 0
+EOF
+t="$(now)"
+(cd "$WORK/codex-project" && CODEX_HOME="$WORK/codex-home" TOOLPAIR_KEY=local \
+    timeout "$TURN_TIMEOUT" "$CODEX" exec --skip-git-repo-check -s danger-full-access "$PROMPT" \
+    </dev/null >"$WORK/codex.out" 2>&1)
+code=$?
+found="$(problem "$WORK/codex.out")"
+said="$(grep -v '^\s*$' "$WORK/codex.out" | tail -1 | cut -c1-100)"
+if [ "$code" -eq 0 ] && [ -z "$found" ]; then
+    report "codex exec" "$t" pass "said: '$said'"
+else
+    report "codex exec" "$t" fail "exit $code; $found"
+    tail -15 "$WORK/codex.out"
+fi
+fi
+
+echo "requests toolpair answered (route status time):"
+grep 'toolpair.access' "$WORK/serve.err" | grep -v ' /ready ' | awk '{ print "  " $4, $5, $6, $7 }'
+if grep -qiE 'traceback|error' "$WORK/serve.err"; then
+    echo "toolpair logged errors:"; grep -iE 'traceback|error' "$WORK/serve.err" | head -5 | cut -c1-300
+fi
+[ "$failures" -eq 0 ] && echo "RESULT: every client ($CLIENTS) finished a turn" || echo "RESULT: $failures client(s) failed"
+exit "$failures"
