@@ -26,6 +26,10 @@ __all__ = ["ApiMode", "ConfigError", "LogFormat", "LogLevel", "Settings", "load_
 
 ENV_PREFIX = "TOOLPAIR_"
 
+RENAMED = {"engine_max_ctx": "engine_ctx_size"}
+"""Settings of earlier releases and what replaced them: naming an old one is an error, never silently ignored
+(unknown ``TOOLPAIR_*`` variables in general are not errors, since other tools share the prefix)."""
+
 
 class ConfigError(ValueError):
     """Raised when a setting is unknown or its value has the wrong type."""
@@ -247,9 +251,14 @@ def load_settings(
     env = os.environ if env is None else env
     kinds = _field_types()
     values: dict[str, Any] = {}
+    for old, new in RENAMED.items():
+        if ENV_PREFIX + old.upper() in env:
+            raise ConfigError(f"{ENV_PREFIX}{old.upper()} is gone: use {ENV_PREFIX}{new.upper()}")
     path = config_file or env.get(ENV_PREFIX + "CONFIG")
     if path:
         for name, value in _read_file(Path(path)).items():
+            if name in RENAMED:
+                raise ConfigError(f"setting {name!r} in {path} is gone: use {RENAMED[name]!r}")
             if name not in kinds:
                 raise ConfigError(f"unknown setting {name!r} in {path}")
             values[name] = _coerce(name, kinds[name], value, from_text=False)

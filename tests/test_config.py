@@ -139,3 +139,12 @@ def test_serve_engine_flags_use_llama_servers_names_and_beat_the_environment(
     assert (plain.engine_ctx_size, plain.engine_threads, plain.engine_tensor_split) == (2048, 3, [1.0, 1.0])
     assert (plain.engine_args, plain.prompt_cache_size, plain.engine_flash_attn) == (["rope_freq_base=10000"], 0, False)
     assert (plain.engine_logprobs, plain.engine_mmap, plain.engine_mlock) == (None, True, False)
+
+
+def test_a_renamed_setting_is_an_error_not_silently_ignored(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="TOOLPAIR_ENGINE_MAX_CTX is gone: use TOOLPAIR_ENGINE_CTX_SIZE"):
+        load_settings(env={"TOOLPAIR_ENGINE_MAX_CTX": "8192"})
+    file = tmp_path / "old.yaml"
+    file.write_text("engine_max_ctx: 8192\n")
+    with pytest.raises(ConfigError, match=r"'engine_max_ctx' in .* is gone: use 'engine_ctx_size'"):
+        load_settings(env={}, config_file=file)

@@ -58,12 +58,12 @@ def test_worker_addresses_are_checked() -> None:
 
 def test_the_engine_starts_through_the_rpc_module_only_with_workers() -> None:
     plain = EngineLaunch(Path("m.gguf"), 1, "k", 8, python="py")
-    assert engine_command(plain)[:3] == ["py", "-m", "llama_cpp.server"] and "--rpc_servers" not in engine_command(
-        plain
-    )
+    assert engine_command(plain)[:4] == ["py", "-m", "engine_launcher.engine_main", "llama_cpp.server"]
+    assert "--rpc_servers" not in engine_command(plain)
     split = EngineLaunch(Path("m.gguf"), 1, "k", 8, python="py", rpc_servers=("h:1", "h:2"))
     command = engine_command(split)
-    assert command[:3] == ["py", "-m", "engine_launcher.rpc"] and command[-2:] == ["--rpc_servers", "h:1,h:2"]
+    assert command[:4] == ["py", "-m", "engine_launcher.engine_main", "engine_launcher.rpc"]
+    assert command[-2:] == ["--rpc_servers", "h:1,h:2"]
 
 
 def _record(cmake_args: list[str]) -> EngineRecord:
@@ -154,7 +154,16 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     port = free_port()
     endpoints = ",".join(w.endpoint for w in workers)
     process, _, err = launch_serve(
-        tmp, "--port", str(port), "--rpc", endpoints, TOOLPAIR_ENGINE_MAX_CTX="2048", TOOLPAIR_ENGINE_MAX_RESTARTS="50"
+        # debug: the engine's loader lines (where llama.cpp names the remote buffers) are debug output
+        tmp,
+        "--port",
+        str(port),
+        "--rpc",
+        endpoints,
+        "--log-level",
+        "debug",
+        TOOLPAIR_ENGINE_CTX_SIZE="2048",
+        TOOLPAIR_ENGINE_MAX_RESTARTS="50",
     )
     url = f"http://127.0.0.1:{port}"
     try:
