@@ -39,6 +39,29 @@ def _deny(path: Path, mode: int) -> None:
     path.chmod(mode if AS_ROOT else 0)  # as root: the file stays root's, the command runs as nobody
 
 
+@pytest.fixture(scope="module", autouse=True)
+def checkout_reachable() -> Iterator[None]:
+    """As root, let ``nobody`` search its way to this checkout and its venv while these tests run.
+
+    A checkout in a private directory (``mktemp -d`` gives 0700) would otherwise fail every test
+    here with "No module named proxy" before serve ever looks at the model. Only the search bit
+    is added, to the directories that lack it, and each mode is put back afterwards.
+    """
+    changed: dict[Path, int] = {}
+    if AS_ROOT:
+        for start in (ROOT, Path(sys.executable).parent):
+            for directory in (start, *start.parents):
+                mode = directory.stat().st_mode & 0o7777
+                if directory not in changed and not mode & 0o001:
+                    changed[directory] = mode
+                    directory.chmod(mode | 0o001)
+    try:
+        yield
+    finally:
+        for directory, mode in changed.items():
+            directory.chmod(mode)
+
+
 @pytest.fixture
 def shared() -> Iterator[Path]:
     """A directory every user can reach (pytest's own tmp_path is private to the user running it)."""
