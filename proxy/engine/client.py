@@ -41,7 +41,7 @@ from multidict import CIMultiDict
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
-from proxy.engine.queueing import conversation_key
+from proxy.engine.queueing import EnginePool, conversation_key
 from proxy.engine.stop_sequences import EndMarkerGuard, strip_end_marker_prefix
 from proxy.engine.toolcalls import ChunkExtractor, IdSource, extract_completion, random_call_id
 from proxy.engine.upstream import EngineTarget, Upstream
@@ -241,6 +241,9 @@ class EngineClient:
         self.upstream = upstream
         self.setup = setup
         self._admission = admission
+        # Affinity only matters with several engines to choose from; otherwise the key (a hash of the
+        # system prompt, tens of KB for an agent) would be computed on every request for nothing.
+        self._affinity = isinstance(admission, EnginePool) and len(admission.engines) > 1
 
     @asynccontextmanager
     async def admitted(self, request: web.Request, chat: Body | None = None) -> AsyncIterator[EngineCall]:
@@ -250,7 +253,7 @@ class EngineClient:
         admission prefer the engine that served the conversation's last turn (its KV state and
         prompt cache still hold the prefix).
         """
-        conversation = conversation_key(chat.get("messages")) if chat is not None else None
+        conversation = conversation_key(chat.get("messages")) if self._affinity and chat is not None else None
         async with self._admission(request, conversation) as target:
             yield EngineCall(self.upstream.at(target), self.setup)
 
