@@ -26,6 +26,7 @@ from typing import Any
 from proxy._types import Messages
 
 __all__ = [
+    "NO_RUNS",
     "KeptReason",
     "OrderReport",
     "call_order",
@@ -51,6 +52,10 @@ class OrderReport:
 
     ``reordered`` counts runs that moved, ``in_order`` runs that already were in
     call order, and ``kept`` runs left in received order, by reason.
+
+    Read-only: reports without kept runs and with small counts are shared
+    instances (one is made per record of a dataset, and making one costs more
+    than deciding a short run), so never change ``kept`` in place.
     """
 
     reordered: int = 0
@@ -62,38 +67,47 @@ class OrderReport:
         return self.reordered + self.in_order + sum(self.kept.values())
 
     def merged(self, other: OrderReport) -> OrderReport:
+        if other is NO_RUNS:
+            return self
+        if self is NO_RUNS:
+            return other
         kept = dict(self.kept)
         for reason, count in other.kept.items():
             kept[reason] = kept.get(reason, 0) + count
-        return OrderReport(self.reordered + other.reordered, self.in_order + other.in_order, kept)
+        return _report(self.reordered + other.reordered, self.in_order + other.in_order, kept)
 
 
-class _Tally:
-    """Mutable counter used while walking one list; frozen into an OrderReport."""
+_SHARED_REPORTS: dict[tuple[int, int], OrderReport] = {
+    (reordered, in_order): OrderReport(reordered, in_order) for reordered in range(8) for in_order in range(8)
+}
+NO_RUNS = _SHARED_REPORTS[0, 0]
+"""The report of a list without runs: the very object every such call returns."""
 
-    __slots__ = ("in_order", "kept", "reordered")
 
-    def __init__(self) -> None:
-        self.reordered = 0
-        self.in_order = 0
-        self.kept: dict[str, int] = {}
+def _report(reordered: int, in_order: int, kept: dict[str, int] | None) -> OrderReport:
+    if not kept:
+        shared = _SHARED_REPORTS.get((reordered, in_order))
+        if shared is not None:
+            return shared
+    return OrderReport(reordered, in_order, kept or {})
 
-    def count(self, outcome: list[int] | KeptReason | None) -> None:
-        if isinstance(outcome, KeptReason):
-            self.kept[outcome.value] = self.kept.get(outcome.value, 0) + 1
-        elif outcome is None:
-            self.in_order += 1
-        else:
-            self.reordered += 1
 
-    def report(self) -> OrderReport:
-        return OrderReport(self.reordered, self.in_order, self.kept)
+def _count_kept(kept: dict[str, int] | None, reason: KeptReason) -> dict[str, int]:
+    if kept is None:
+        kept = {}
+    kept[reason.value] = kept.get(reason.value, 0) + 1
+    return kept
 
 
 def _check_ids(ids: Sequence[object]) -> KeptReason | None:
     # Fast path for the common case: every ID a nonempty string, none repeated.
-    if all(type(value) is str and value for value in ids) and len(set(ids)) == len(ids):
-        return None
+    for value in ids:
+        if type(value) is not str or not value:
+            break
+    else:
+        count = len(ids)
+        if count < 2 or (count == 2 and ids[0] != ids[1]) or len(set(ids)) == count:
+            return None
     seen: set[str] = set()
     for value in ids:
         if value is None or value == "":
@@ -122,7 +136,10 @@ def call_order(call_ids: Sequence[object], result_ids: Sequence[object]) -> list
     problem = _check_ids(call_ids)
     if problem is not None:
         return problem
-    if list(result_ids) == list(call_ids):
+    if type(result_ids) is list and type(call_ids) is list:
+        if result_ids == call_ids:
+            return None
+    elif list(result_ids) == list(call_ids):
         return None
     problem = _check_ids(result_ids)
     if problem is not None:
@@ -140,11 +157,13 @@ def call_order(call_ids: Sequence[object], result_ids: Sequence[object]) -> list
     return by_call
 
 
-def _get(item: object, key: str) -> Any:
-    return item.get(key) if isinstance(item, dict) else None
-
-
 # --- Chat Completions -------------------------------------------------------
+#
+# The three walks below use inline dict checks and local counters rather than
+# helpers: they run on every request with results and on every record of a
+# dataset, where a function call or an object per run is a large share of the
+# time. tests/order_reference.py keeps the plain version they are
+# property-tested against.
 
 
 def order_chat_results(messages: Messages) -> tuple[Messages, OrderReport]:
@@ -156,11 +175,11 @@ def order_chat_results(messages: Messages) -> tuple[Messages, OrderReport]:
     >>> [m.get("tool_call_id") for m in out], report.reordered
     ([None, 'a', 'b'], 1)
     """
-    tally = _Tally()
     result: Messages | None = None
+    reordered = in_order = 0
+    kept: dict[str, int] | None = None
     index = 0
     count = len(messages)
-    # Written with inline dict checks: this loop runs on every chat request with results.
     while index < count:
         message = messages[index]
         index += 1
@@ -182,23 +201,19 @@ def order_chat_results(messages: Messages) -> tuple[Messages, OrderReport]:
             [call.get("id") if isinstance(call, dict) else None for call in calls],
             [m.get("tool_call_id") for m in run],
         )
-        tally.count(outcome)
-        if isinstance(outcome, list):
+        if outcome is None:
+            in_order += 1
+        elif type(outcome) is list:
+            reordered += 1
             if result is None:
                 result = list(messages)
             result[start:index] = [run[i] for i in outcome]
-    return (messages if result is None else result), tally.report()
+        else:
+            kept = _count_kept(kept, outcome)  # type: ignore[arg-type]
+    return (messages if result is None else result), _report(reordered, in_order, kept)
 
 
 # --- Anthropic Messages -----------------------------------------------------
-
-
-def _tool_use_ids(message: object) -> list[object] | None:
-    content = _get(message, "content")
-    if _get(message, "role") != "assistant" or not isinstance(content, list):
-        return None
-    ids = [_get(block, "id") for block in content if _get(block, "type") == "tool_use"]
-    return ids or None
 
 
 def order_anthropic_results(messages: Messages) -> tuple[Messages, OrderReport]:
@@ -216,30 +231,44 @@ def order_anthropic_results(messages: Messages) -> tuple[Messages, OrderReport]:
     >>> [b["tool_use_id"] for b in out[1]["content"]]
     ['a', 'b']
     """
-    tally = _Tally()
     result: Messages | None = None
+    reordered = in_order = 0
+    kept: dict[str, int] | None = None
     index = 0
     count = len(messages)
     while index < count:
-        call_ids = _tool_use_ids(messages[index])
+        message = messages[index]
         index += 1
-        if call_ids is None:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        turn = message.get("content")
+        if not isinstance(turn, list):
+            continue
+        call_ids = [block.get("id") for block in turn if isinstance(block, dict) and block.get("type") == "tool_use"]
+        if not call_ids:
             continue
         slots: list[tuple[int, int]] = []
-        while index < count and _get(messages[index], "role") == "user":
-            content = _get(messages[index], "content")
+        while index < count:
+            reply = messages[index]
+            if not isinstance(reply, dict) or reply.get("role") != "user":
+                break
+            content = reply.get("content")
             if isinstance(content, list):
-                slots.extend(
-                    (index, position) for position, block in enumerate(content) if _get(block, "type") == "tool_result"
-                )
+                for position, block in enumerate(content):
+                    if isinstance(block, dict) and block.get("type") == "tool_result":
+                        slots.append((index, position))
             index += 1
         if not slots:
             continue
         blocks = [messages[m]["content"][b] for m, b in slots]
-        outcome = call_order(call_ids, [_get(block, "tool_use_id") for block in blocks])
-        tally.count(outcome)
-        if not isinstance(outcome, list):
+        outcome = call_order(call_ids, [block.get("tool_use_id") for block in blocks])
+        if outcome is None:
+            in_order += 1
             continue
+        if type(outcome) is not list:
+            kept = _count_kept(kept, outcome)  # type: ignore[arg-type]
+            continue
+        reordered += 1
         if result is None:
             result = list(messages)
         fresh: dict[int, list[Any]] = {}
@@ -249,7 +278,7 @@ def order_anthropic_results(messages: Messages) -> tuple[Messages, OrderReport]:
             fresh[m][b] = blocks[source]
         for m, content in fresh.items():
             result[m] = {**messages[m], "content": content}
-    return (messages if result is None else result), tally.report()
+    return (messages if result is None else result), _report(reordered, in_order, kept)
 
 
 # --- Responses --------------------------------------------------------------
@@ -258,10 +287,13 @@ _CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
 _OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
-def _item_type(item: object) -> str | None:
-    """An item's ``type`` when it is a string (a list or object there must not break the set lookups)."""
-    kind = _get(item, "type")
-    return kind if isinstance(kind, str) else None
+def _item_types(items: Messages) -> list[str | None]:
+    """Each item's ``type`` when it is a string (a list or object there must not break the set lookups)."""
+    kinds: list[str | None] = []
+    for item in items:
+        kind = item.get("type") if isinstance(item, dict) else None
+        kinds.append(kind if isinstance(kind, str) else None)
+    return kinds
 
 
 def order_responses_items(items: Messages) -> tuple[Messages, OrderReport]:
@@ -273,30 +305,36 @@ def order_responses_items(items: Messages) -> tuple[Messages, OrderReport]:
     >>> [i["call_id"] for i in order_responses_items(items)[0][2:]]
     ['a', 'b']
     """
-    tally = _Tally()
     result: Messages | None = None
+    reordered = in_order = 0
+    kept: dict[str, int] | None = None
+    kinds = _item_types(items)
     index = 0
     count = len(items)
     while index < count:
-        if _item_type(items[index]) not in _CALL_TYPES:
+        if kinds[index] not in _CALL_TYPES:
             index += 1
             continue
         calls_start = index
-        while index < count and _item_type(items[index]) in _CALL_TYPES:
+        while index < count and kinds[index] in _CALL_TYPES:
             index += 1
         run_start = index
-        while index < count and _item_type(items[index]) in _OUTPUT_TYPES:
+        while index < count and kinds[index] in _OUTPUT_TYPES:
             index += 1
         if run_start == index:
             continue
         run = items[run_start:index]
         outcome = call_order(
-            [_get(item, "call_id") for item in items[calls_start:run_start]],
-            [_get(item, "call_id") for item in run],
+            [item.get("call_id") for item in items[calls_start:run_start]],
+            [item.get("call_id") for item in run],
         )
-        tally.count(outcome)
-        if isinstance(outcome, list):
+        if outcome is None:
+            in_order += 1
+        elif type(outcome) is list:
+            reordered += 1
             if result is None:
                 result = list(items)
             result[run_start:index] = [run[i] for i in outcome]
-    return (items if result is None else result), tally.report()
+        else:
+            kept = _count_kept(kept, outcome)  # type: ignore[arg-type]
+    return (items if result is None else result), _report(reordered, in_order, kept)
