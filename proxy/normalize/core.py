@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, NoReturn
 import orjson
 
 from proxy._types import JSON
-from proxy.order import OrderReport, order_anthropic_results, order_chat_results, order_responses_items
+from proxy.order import NO_RUNS, OrderReport, order_anthropic_results, order_chat_results, order_responses_items
 
 __all__ = [
     "ID_MARKERS",
@@ -61,7 +61,7 @@ ID_MARKERS = (RESPONSES_MARKER, ANTHROPIC_MARKER)
 CHAT_SHAPE = b"tool_calls"  # a line without it has no chat run
 ANTHROPIC_SHAPE = b"tool_result"  # a line without it has no Anthropic run
 
-_NO_RUNS = OrderReport()
+_NO_RUNS = NO_RUNS
 # orjson reads integers wider than 64 bits as floats, losing digits. A changed
 # line with a run of 20 digits (even inside a string) is re-read exactly instead.
 # Mapping every digit to "0" and searching is several times faster than a regex.
@@ -113,24 +113,24 @@ def order_record(
     if not isinstance(record, dict):
         return record, _NO_RUNS
     report = _NO_RUNS
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] | None = None
     messages = record.get("messages")
     if isinstance(messages, list):
         ordered = messages
         if chat:
-            ordered, found = order_chat_results(ordered)
-            report = found if report is _NO_RUNS else report.merged(found)
+            ordered, report = order_chat_results(ordered)
         if anthropic:
             ordered, found = order_anthropic_results(ordered)
-            report = found if report is _NO_RUNS else report.merged(found)
+            report = report.merged(found)
         if ordered is not messages:
-            changes["messages"] = ordered
-    items = record.get("input")
-    if responses and isinstance(items, list):
-        ordered, found = order_responses_items(items)
-        report = found if report is _NO_RUNS else report.merged(found)
-        if ordered is not items:
-            changes["input"] = ordered
+            changes = {"messages": ordered}
+    if responses:
+        items = record.get("input")
+        if isinstance(items, list):
+            ordered, found = order_responses_items(items)
+            report = report.merged(found)
+            if ordered is not items:
+                changes = {**changes, "input": ordered} if changes else {"input": ordered}
     return ({**record, **changes} if changes else record), report
 
 
@@ -278,6 +278,12 @@ class NormalizeTally:
             if report.kept:
                 for reason, count in report.kept.items():
                     self.runs_kept[reason] = self.runs_kept.get(reason, 0) + count
+
+    def renumber(self, shift: int) -> None:
+        """Add ``shift`` to the line numbers kept: a block numbered from 1 placed after ``shift`` lines."""
+        if shift:
+            self.bad_lines = [number + shift for number in self.bad_lines]
+            self.changed_lines = [number + shift for number in self.changed_lines]
 
     def merge(self, other: NormalizeTally) -> None:
         """Add the counts of ``other``, which covers lines after this one's."""
