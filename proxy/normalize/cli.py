@@ -120,7 +120,14 @@ def _run_jsonl(job: NormalizeJob, stdin: BinaryIO, stdout: BinaryIO, progress: P
 
             broken = (BrokenProcessPool,)
         try:
-            normalize_jsonl(source, run.emit, workers=job.workers, validate=job.validate, block_size=job.block_size)
+            normalize_jsonl(
+                source,
+                run.emit,
+                workers=job.workers,
+                validate=job.validate,
+                block_size=job.block_size,
+                write=output is not None,
+            )
         except broken:
             raise NormalizeFailed("a worker process died; try fewer --workers") from None
         if progress is not None:

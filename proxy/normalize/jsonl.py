@@ -40,6 +40,7 @@ from proxy.normalize.files import NormalizeFailed
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+    from multiprocessing.context import BaseContext
 
 __all__ = [
     "Edit",
@@ -210,6 +211,7 @@ class JsonlSource:
             self.stream = gzip.GzipFile(fileobj=self.file, mode="rb")
         # A plain named file can be read by worker processes themselves, by offset.
         self.identity: tuple[str, int, int] | None = None
+        self.position: int | None = None  # bytes done, when blocks are read by offset rather than in turn
         if self.size is not None and name != "-" and self.stream is self.file:
             info = os.fstat(self.file.fileno())
             self.identity = (os.path.abspath(name), info.st_dev, info.st_ino)
@@ -218,6 +220,8 @@ class JsonlSource:
         """How far through the (compressed) file reading is, when its size is known."""
         if not self.size:
             return None
+        if self.position is not None:
+            return self.position / self.size
         try:
             return self.file.tell() / self.size
         except OSError:
@@ -250,6 +254,44 @@ def _quiet_worker() -> None:
     gc.disable()  # parsed records hold no cycles; the collector would only walk them
 
 
+def _pool_context() -> BaseContext:
+    """Fork when this process runs no other thread (workers start at once, with every module
+    loaded); otherwise spawn, since a fork copies locks that other threads may hold."""
+    import multiprocessing
+    import threading
+
+    return multiprocessing.get_context("fork" if threading.active_count() == 1 else "spawn")
+
+
+PROBE_SIZE = 64 << 10  # bytes read at a planned cut to find the end of its line
+
+
+def plan_slices(fd: int, size: int, block_size: int) -> Iterator[tuple[int, int]]:
+    """Cut a file of ``size`` bytes into ``(offset, length)`` slices of whole lines.
+
+    Each slice ends just after the first ``\n`` at or past ``block_size`` bytes
+    (the last one at the end of the file, with or without its ``\n``). Only a
+    small window at each cut is read, so the process that plans never holds the
+    data; the slices are read by whoever normalizes them.
+    """
+    offset = 0
+    while offset < size:
+        cut = offset + max(block_size, 1) - 1  # the slice's last byte if a line ends there
+        while cut < size:
+            window = os.pread(fd, PROBE_SIZE, cut)
+            if not window:
+                cut = size
+                break
+            newline = window.find(b"\n")
+            if newline >= 0:
+                cut += newline + 1
+                break
+            cut += len(window)
+        end = min(cut, size)
+        yield offset, end - offset
+        offset = end
+
+
 @dataclass(frozen=True)
 class _FileSlice:
     """Where a block lies in the input file: what a worker is sent instead of the bytes."""
@@ -264,6 +306,19 @@ class _FileSlice:
 _worker_files: dict[str, int] = {}  # in a worker process: the input file, opened once
 
 
+def read_slice(fd: int, offset: int, length: int, name: str) -> bytes:
+    """``length`` bytes at ``offset``, or NormalizeFailed if the file is shorter now."""
+    pieces = []
+    done = 0
+    while done < length:
+        piece = os.pread(fd, length - done, offset + done)
+        if not piece:
+            raise NormalizeFailed(f"{name} shrank while it was being read")
+        pieces.append(piece)
+        done += len(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 def _slice_edits(part: _FileSlice, first_line: int, validate: bool) -> tuple[list[Edit], NormalizeTally]:
     """In a worker: read the block from the file itself, so the data never crosses a pipe."""
     fd = _worker_files.get(part.path)
@@ -274,15 +329,7 @@ def _slice_edits(part: _FileSlice, first_line: int, validate: bool) -> tuple[lis
             os.close(fd)
             raise NormalizeFailed(f"{part.path} was replaced while it was being read")
         _worker_files[part.path] = fd
-    pieces = []
-    done = 0
-    while done < part.length:
-        piece = os.pread(fd, part.length - done, part.offset + done)
-        if not piece:
-            raise NormalizeFailed(f"{part.path} shrank while it was being read")
-        pieces.append(piece)
-        done += len(piece)
-    block = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    block = read_slice(fd, part.offset, part.length, part.path)
     return block_edits(block, first_line, validate=validate)
 
 
@@ -291,9 +338,22 @@ Emit = Callable[[int, list[bytes | memoryview], NormalizeTally], None]
 
 
 def normalize_jsonl(
-    source: JsonlSource, emit: Emit, *, workers: int = 1, validate: bool = False, block_size: int | None = None
+    source: JsonlSource,
+    emit: Emit,
+    *,
+    workers: int = 1,
+    validate: bool = False,
+    block_size: int | None = None,
+    write: bool = True,
 ) -> None:
-    """Normalize every block of ``source`` and hand each result to ``emit``, in input order."""
+    """Normalize every block of ``source`` and hand each result to ``emit``, in input order.
+
+    Without ``write`` (``--check``) nothing is written, so ``emit`` gets no
+    pieces and the process that coordinates workers never reads the data.
+    """
+    if source.identity is not None and source.size is not None:
+        _normalize_file(source, emit, source.size, workers, validate, block_size, write)
+        return
     if workers <= 1:
         line = 1
         for block in source.blocks(block_size or READ_SIZE):
@@ -301,31 +361,71 @@ def normalize_jsonl(
             line += part.lines
             emit(len(block), edited_pieces(block, edits), part)
         return
-    import multiprocessing  # here, not at the top: a one-process run starts faster without it
     from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-    # Each worker sends back only the lines that changed; this process keeps the
-    # block and splices them in. From a plain file, workers read their blocks
-    # themselves; otherwise (stdin, gzip) the block is sent to them.
-    identity = source.identity
+    # Stdin or gzip: the block goes to a worker, which sends back only the lines
+    # that changed; this process keeps the block and splices them in.
     pending: deque[tuple[bytes, Future[tuple[list[Edit], NormalizeTally]]]] = deque()
 
     def splice() -> None:
         block, future = pending.popleft()
         edits, part = future.result()
-        emit(len(block), edited_pieces(block, edits), part)
+        emit(len(block), edited_pieces(block, edits) if write else [], part)
 
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_quiet_worker) as pool:
-        line, offset = 1, 0
+    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_quiet_worker) as pool:
+        line = 1
         for block in source.blocks(block_size or WORKER_BLOCK):
-            if identity is not None:
-                where = _FileSlice(*identity, offset, len(block))
-                pending.append((block, pool.submit(_slice_edits, where, line, validate)))
-            else:
-                pending.append((block, pool.submit(block_edits, block, line, validate=validate)))
+            pending.append((block, pool.submit(block_edits, block, line, validate=validate)))
             line += _count_lines(block)
-            offset += len(block)
+            if len(pending) >= 2 * workers:
+                splice()
+        while pending:
+            splice()
+
+
+def _normalize_file(
+    source: JsonlSource, emit: Emit, size: int, workers: int, validate: bool, block_size: int | None, write: bool
+) -> None:
+    """A plain file: planned slices read with ``pread``, by the workers when there are several.
+
+    Workers number lines from 1 within their slice; this process, which learns
+    each slice's line count only from its result, shifts the numbers as results
+    arrive in order. It reads a slice's bytes only to write them out.
+    """
+    fd = source.file.fileno()
+    name = source.name
+    if workers <= 1:
+        line = 1
+        for offset, length in plan_slices(fd, size, block_size or READ_SIZE):
+            block = read_slice(fd, offset, length, name)
+            edits, part = block_edits(block, line, validate=validate)
+            line += part.lines
+            source.position = offset + length
+            emit(length, edited_pieces(block, edits) if write else [], part)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    assert source.identity is not None
+    path, device, inode = source.identity
+    pending: deque[tuple[int, int, Future[tuple[list[Edit], NormalizeTally]]]] = deque()
+    line = 1
+
+    def splice() -> None:
+        nonlocal line
+        offset, length, future = pending.popleft()
+        edits, part = future.result()
+        part.renumber(line - 1)
+        line += part.lines
+        source.position = offset + length
+        pieces = edited_pieces(read_slice(fd, offset, length, name), edits) if write else []
+        emit(length, pieces, part)
+
+    # Slices small enough that every worker gets several, so none waits long at the end.
+    size_each = block_size or max(READ_SIZE, min(WORKER_BLOCK, size // (8 * workers) + 1))
+    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_quiet_worker) as pool:
+        for offset, length in plan_slices(fd, size, size_each):
+            where = _FileSlice(path, device, inode, offset, length)
+            pending.append((offset, length, pool.submit(_slice_edits, where, 1, validate)))
             if len(pending) >= 2 * workers:
                 splice()
         while pending:
