@@ -4,12 +4,15 @@ The per-line rules are in ``core``; this module cuts a byte stream into blocks
 of whole lines, normalizes a block, and drives a run over a file:
 
 - Input is a path or ``-`` (stdin), gzip or not (told by its first two bytes).
-- It is read in blocks of whole lines, so memory stays constant in the file
-  size (it grows only with the longest line).
-- With ``workers > 1`` blocks go to a process pool; at most two blocks per
-  worker are in flight, and results are written in input order. From a plain
-  file, workers read their blocks themselves and send back only the lines that
-  changed, so the data crosses no pipe.
+- A plain file is cut into planned slices of whole lines (``plan_slices``
+  reads only a small window at each cut) and each slice is read with
+  ``pread``; stdin and gzip are cut into blocks as they are read. Either way
+  memory stays constant in the file size (it grows only with the longest line).
+- With ``workers > 1`` slices go to a process pool (forked when no other thread
+  runs); at most two per worker are in flight, and results are written in
+  input order. From a plain file a worker reads its slice itself, numbers its
+  lines from 1 and sends back only the lines that changed; this process shifts
+  the numbers as results arrive and reads a slice only to write it out.
 
 A block is scanned line by line for the ID markers; only a line that holds one
 is parsed. A line without one costs a byte search or two and a counter: no
@@ -51,6 +54,8 @@ __all__ = [
     "edited_pieces",
     "normalize_block",
     "normalize_jsonl",
+    "plan_slices",
+    "read_slice",
 ]
 
 READ_SIZE = 1 << 20
