@@ -104,7 +104,7 @@ def responses_lists(draw: st.DrawFn) -> list[Any]:
 
 
 def _same(
-    fast: tuple[list[Any], order.OrderReport], plain: tuple[list[Any], reference.OrderReport], given: list[Any]
+    fast: tuple[list[Any], order.OrderReport], plain: tuple[list[Any], order.OrderReport], given: list[Any]
 ) -> None:
     fast_list, fast_report = fast
     plain_list, plain_report = plain
