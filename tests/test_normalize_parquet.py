@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -13,7 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.normalize import parquet
 from tests.dataset_records import TOOLS, anthropic, chat, responses, sharegpt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,3 +247,138 @@ def test_without_pyarrow_parquet_is_a_clear_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert b"pip install 'toolpair[parquet]'" in done.stderr and b"Traceback" not in done.stderr
+
+
+# --- the nested fast way decides and writes exactly as the general way ------------
+
+_ID = st.sampled_from(["a", "b", "c", "a", "b", "c", "", None])
+
+
+def _message(role: str, **fields: Any) -> dict[str, Any]:
+    return {"role": role, "content": None, "tool_calls": None, "tool_call_id": None, **fields}
+
+
+@st.composite
+def _chat_row(draw: st.DrawFn) -> list[Any]:
+    """Rounds of calls and results (often a run, in or out of order), with other turns and nulls between."""
+    row: list[Any] = []
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["round", "round", "results", "other", "null"]))
+        if kind == "round":
+            ids = draw(st.lists(_ID, min_size=1, max_size=3))
+            calls = [None if draw(st.integers(0, 9)) == 0 else {"id": i, "type": "function"} for i in ids]
+            row.append(_message("assistant", tool_calls=calls))
+            row.extend(_message("tool", tool_call_id=i) for i in draw(st.permutations(ids)))
+        elif kind == "results":
+            row.extend(_message("tool", tool_call_id=i, content="r") for i in draw(st.lists(_ID, max_size=2)))
+        elif kind == "other":
+            row.append(_message(draw(st.sampled_from(["user", "system", "assistant"])), content="x"))
+        else:
+            row.append(None)
+    return row
+
+
+@st.composite
+def _anthropic_row(draw: st.DrawFn) -> list[Any]:
+    row: list[Any] = []
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(["round", "round", "other", "null"]))
+        if kind == "round":
+            ids = draw(st.lists(_ID, min_size=1, max_size=3))
+            uses = [{"type": "tool_use", "id": i, "tool_use_id": None} for i in ids]
+            row.append({"role": "assistant", "content": uses})
+            results = [{"type": "tool_result", "id": None, "tool_use_id": i} for i in draw(st.permutations(ids))]
+            if draw(st.booleans()):
+                results.insert(0, {"type": "text", "id": None, "tool_use_id": None})
+            row.append({"role": "user", "content": results})
+        elif kind == "other":
+            row.append({"role": draw(st.sampled_from(["user", "assistant"])), "content": None})
+        else:
+            row.append(None)
+    return row
+
+
+@st.composite
+def _input_row(draw: st.DrawFn) -> list[Any]:
+    row: list[Any] = []
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(["round", "round", "other", "null"]))
+        if kind == "round":
+            ids = draw(st.lists(_ID, min_size=1, max_size=3))
+            row.extend({"type": "function_call", "call_id": i} for i in ids)
+            output = draw(st.sampled_from(["function_call_output", "custom_tool_call_output"]))
+            row.extend({"type": output, "call_id": i} for i in draw(st.permutations(ids)))
+        elif kind == "other":
+            row.append({"type": draw(st.sampled_from(["message", None])), "call_id": None})
+        else:
+            row.append(None)
+    return row
+
+
+_CHAT_TYPE = pa.list_(
+    pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("tool_calls", pa.list_(pa.struct([("id", pa.string()), ("type", pa.string())]))),
+            ("tool_call_id", pa.string()),
+        ]
+    )
+)
+_ANTHROPIC_TYPE = pa.large_list(
+    pa.struct(
+        [
+            ("role", pa.string()),
+            (
+                "content",
+                pa.list_(pa.struct([("type", pa.string()), ("id", pa.string()), ("tool_use_id", pa.string())])),
+            ),
+        ]
+    )
+)
+_INPUT_TYPE = pa.list_(pa.struct([("type", pa.large_string()), ("call_id", pa.string())]))
+_FORMS = {
+    "chat": ("messages", _chat_row(), _CHAT_TYPE),
+    "anthropic": ("messages", _anthropic_row(), _ANTHROPIC_TYPE),
+    "responses": ("input", _input_row(), _INPUT_TYPE),
+}
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    form=st.sampled_from(sorted(_FORMS)),
+    data=st.data(),
+    chunks=st.integers(1, 3),
+)
+def test_the_nested_fast_way_matches_the_general_way(form: str, data: st.DataObject, chunks: int) -> None:
+    name, element, kind = _FORMS[form]
+    rows = data.draw(st.lists(st.one_of(st.none(), element), min_size=1, max_size=12))
+    array = pa.array(rows, type=kind)
+    cut = sorted({0, len(rows), *data.draw(st.lists(st.integers(0, len(rows)), max_size=chunks - 1))})
+    column = pa.chunked_array([array.slice(a, b - a) for a, b in itertools.pairwise(cut)] or [array], type=kind)
+    fast_column, fast_results = parquet._normalize_column(name, "nested", column, False)
+    slow_column, slow_results = parquet._normalize_rows(name, "nested", column, False)
+    assert fast_column.type == slow_column.type == kind
+    assert fast_column.to_pylist() == slow_column.to_pylist()
+    assert fast_results == slow_results
+
+
+def test_the_fast_way_rebuilds_a_reordered_chat_column_in_arrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [chat(AB, [("call_b", "B"), ("call_a", "A")])["messages"], None, [{"role": "user", "content": "hi"}]]
+    column = pa.chunked_array([pa.array(rows)])
+    monkeypatch.setattr(parquet, "_with_rows_replaced", None)  # the general rebuild must not run
+    fresh, results = parquet._normalize_column("messages", "nested", column, False)
+    assert tool_contents(fresh.to_pylist()[0]) == ["A", "B"]
+    assert [(r.kind.value, r.changed, r.report.reordered) for r in results] == [
+        ("record", True, 1),
+        ("blank", False, 0),
+        ("record", False, 0),
+    ]
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+def test_changed_text_cells_are_built_as_pyarrow_would(kind: pa.DataType) -> None:
+    text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    values: list[Any] = ["[]", "", '["é 🙂"]'] if text else [b"[]", b"", "é 🙂".encode()]
+    built = parquet._texts(values, kind)
+    assert built.type == kind and built.equals(pa.array(values, type=kind))

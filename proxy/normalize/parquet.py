@@ -22,11 +22,13 @@ converted to Python, and only the rows that changed are rebuilt.
 
 from __future__ import annotations
 
+from array import array as packed
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, BinaryIO, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from proxy.normalize.core import LineKind, LineResult, NormalizeTally, normalize_line, order_record
@@ -171,6 +173,21 @@ def _merged(results: tuple[LineResult, ...]) -> LineResult:
 def _normalize_column(
     name: str, kind: ColumnKind, column: pa.ChunkedArray, validate: bool
 ) -> tuple[pa.ChunkedArray, list[LineResult]]:
+    if kind == "nested":
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        done = _normalize_nested(name, array)
+        if done is not None:
+            return done
+    return _normalize_rows(name, kind, column, validate)
+
+
+def _normalize_rows(
+    name: str, kind: ColumnKind, column: pa.ChunkedArray, validate: bool
+) -> tuple[pa.ChunkedArray, list[LineResult]]:
+    """Every row converted to Python and normalized; changed rows rebuilt from their Python values.
+
+    The general way, for text columns and for nested ones the faster way below declines.
+    """
     values = column.to_pylist()
     changes: dict[int, Any] = {}
     results: list[LineResult] = []
@@ -194,6 +211,137 @@ def _normalize_column(
     return _with_rows_replaced(column, changes), results
 
 
+# --- nested columns, the fast way -------------------------------------------------
+#
+# Converting a row group's nested column to Python dicts, and building changed
+# rows back from them, is most of the time a Parquet run takes. Two shortcuts,
+# each exact and each falling back to ``_normalize_rows`` where it cannot be:
+#
+# - Only rows that can hold a run are converted: for ``messages`` a row with a
+#   ``role: "tool"`` message, for ``input`` a row with an ``*_output`` item
+#   (found with Arrow's compute functions on the flattened column). Messages
+#   whose ``content`` is a list could hold Anthropic runs, so such a column is
+#   converted whole.
+# - The chat and Responses rules only move whole elements of a row's list, so a
+#   changed row is its own elements in another order: the column is rebuilt by
+#   ``take`` on its flattened elements, in Arrow, with the input's own type.
+#   An Anthropic reorder edits a message's ``content`` instead; a row group with
+#   one goes the general way.
+
+
+def _int64s(values: list[int]) -> pa.Array:
+    """An int64 array made from its buffer: ``pa.array`` would import pandas (a quarter second) when it is installed."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(packed("q", values))])
+
+
+def _texts(values: list[str] | list[bytes], kind: pa.DataType) -> pa.Array:
+    """A string or binary array of ``kind`` made from its buffers (no nulls), for the same reason."""
+    blobs = [value.encode() if isinstance(value, str) else value for value in values]
+    offsets = packed("q" if pa.types.is_large_string(kind) or pa.types.is_large_binary(kind) else "i", [0])
+    for blob in blobs:
+        offsets.append(offsets[-1] + len(blob))
+    return pa.Array.from_buffers(kind, len(blobs), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(blobs))])
+
+
+_RESULT_ROLES = ["tool"]
+_OUTPUT_TYPES = ["function_call_output", "custom_tool_call_output"]
+
+
+def _normalize_nested(name: str, array: pa.Array) -> tuple[pa.ChunkedArray, list[LineResult]] | None:
+    """The column normalized by the shortcuts above; None when they do not apply."""
+    if not isinstance(array, pa.ListArray | pa.LargeListArray) or array.offset:
+        return None
+    candidates = _rows_that_may_hold_runs(name, array)
+    nulls = array.is_null().to_pylist()
+    results: list[LineResult] = [_BLANK if null else _NO_RUN_ROW for null in nulls]
+    rows = range(len(array)) if candidates is None else candidates
+    values = (array if candidates is None else array.take(_int64s(candidates))).to_pylist()
+    orders: dict[int, list[int]] = {}
+    for row, value in zip(rows, values, strict=True):
+        if value is None:
+            continue
+        record = {name: value}
+        ordered, report = order_record(record)
+        changed = ordered is not record
+        results[row] = LineResult(LineKind.RECORD, changed, report)
+        if changed:
+            order = _element_order(value, ordered[name])
+            if order is None:
+                return None
+            orders[row] = order
+    if not orders:
+        return pa.chunked_array([array], type=array.type), results
+    return pa.chunked_array([_with_elements_taken(array, orders)], type=array.type), results
+
+
+_NO_RUN_ROW = LineResult(LineKind.RECORD)
+
+
+def _rows_that_may_hold_runs(name: str, array: pa.ListArray | pa.LargeListArray) -> list[int] | None:
+    """Rows with an element a run needs (in ascending order); None when every row must be looked at."""
+    element = array.type.value_type
+    if not pa.types.is_struct(element):
+        return None
+    fields = {element.field(i).name: element.field(i).type for i in range(element.num_fields)}
+    if name == "messages":
+        key, wanted = "role", _RESULT_ROLES
+        content = fields.get("content")
+        if content is not None and not _is_text(content):
+            return None  # content blocks: Anthropic runs are possible in any row with user messages
+    else:
+        key, wanted = "type", _OUTPUT_TYPES
+    if key not in fields:
+        return []  # no element has a role (or a type): no row holds a run
+    if not _is_text(fields[key]):
+        return None
+    flat = pc.list_flatten(array)
+    hits = pc.is_in(flat.field(key), value_set=_texts(wanted, fields[key]))
+    parents = pc.filter(pc.list_parent_indices(array), hits)
+    rows: list[int] = pc.unique(parents).to_pylist()
+    return rows
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def _element_order(original: list[Any], ordered: list[Any]) -> list[int] | None:
+    """Where each element of ``ordered`` was in ``original``; None if one is not an original element."""
+    if len(original) != len(ordered):
+        return None
+    where = {id(item): index for index, item in enumerate(original) if item is not None}
+    order = []
+    for index, item in enumerate(ordered):
+        if item is None:
+            if original[index] is not None:
+                return None
+            order.append(index)  # a null element never moves: it cannot be part of a run
+            continue
+        found = where.get(id(item))
+        if found is None:
+            return None
+        order.append(found)
+    return order
+
+
+def _with_elements_taken(array: pa.ListArray | pa.LargeListArray, orders: dict[int, list[int]]) -> pa.Array:
+    """The list column with each listed row's elements put in the given order, by ``take`` on the elements."""
+    offsets = array.offsets.to_pylist()
+    base, end = offsets[0], offsets[-1]
+    picks = list(range(end - base))
+    for row, order in orders.items():
+        start = offsets[row] - base
+        picks[start : start + len(order)] = [start + position for position in order]
+    elements = array.values.slice(base, end - base).take(_int64s(picks))
+    large = isinstance(array, pa.LargeListArray)
+    offset_type = pa.int64() if large else pa.int32()
+    fresh_offsets = pa.Array.from_buffers(
+        offset_type, len(offsets), [None, pa.py_buffer(packed("q" if large else "i", [o - base for o in offsets]))]
+    )
+    mask = array.is_null() if array.null_count else None
+    return type(array).from_arrays(fresh_offsets, elements, type=array.type, mask=mask)
+
+
 def _with_rows_replaced(column: pa.ChunkedArray, changes: dict[int, Any]) -> pa.ChunkedArray:
     """The column with the changed rows rebuilt in its own type; every other row is the input's, uncopied."""
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -208,7 +356,13 @@ def _with_rows_replaced(column: pa.ChunkedArray, changes: dict[int, Any]) -> pa.
         first, last = rows[start], rows[end]
         if first > position:
             pieces.append(array.slice(position, first - position))
-        pieces.append(pa.array([changes[row] for row in range(first, last + 1)], type=array.type))
+        fresh = [changes[row] for row in range(first, last + 1)]
+        kind = array.type
+        text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+        if text or pa.types.is_large_binary(kind):
+            pieces.append(_texts(fresh, kind))
+        else:
+            pieces.append(pa.array(fresh, type=kind))
         position = last + 1
         start = end + 1
     if position < len(array):
