@@ -54,7 +54,7 @@ bench: $(VENV)/.deps-test
 	$(PY) bench/proxy_overhead.py
 
 bench-normalize: $(VENV)/.deps-test
-	$(PY) bench/normalize_throughput.py
+	$(PY) bench/normalize_throughput.py --parquet
 
 # Build the CPU image and show it working: bundled and mounted model, health, non-root, docker stop,
 # an unreadable model (docs/docker.md). Needs root; installs docker.io and debootstrap when missing.

@@ -17,8 +17,11 @@ file is read from the page cache after generation, so this measures the CPU
 path. ``--against DIR`` runs the same commands from another checkout (say, the
 main branch), interleaved with this one's, and prints the ratio.
 
+``--parquet`` also writes the short dataset as Parquet (a nested ``messages``
+column, and one of JSON text) and times ``toolpair normalize`` on both.
+
     python bench/normalize_throughput.py [--shape both|long|short] [--mb 256] [--short-mb 105]
-                                         [--against DIR] [--dir DIR] [--keep]
+                                         [--parquet] [--against DIR] [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -372,6 +375,42 @@ def bench_shape(shape: str, megabytes: int, workdir: Path, repeat: int, roots: d
     return results
 
 
+def bench_parquet(workdir: Path, repeat: int, roots: dict[str, Path]) -> None:
+    """The short dataset as Parquet, a nested ``messages`` column and a JSON-text one; seconds per run.
+
+    Parquet is compressed and columnar, so MB/s of the file says little: the
+    figure is the run time, next to the JSONL run on the same records.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = workdir / "short.jsonl"
+    with source.open("rb") as lines:
+        records = [orjson.loads(line) for line in lines]
+    files = {"nested": workdir / "short-nested.parquet", "JSON text": workdir / "short-text.parquet"}
+    pq.write_table(pa.Table.from_pylist(records), files["nested"], row_group_size=10_000)
+    text = [orjson.dumps(record["messages"]).decode() for record in records]
+    text_table = pa.table({"id": list(range(len(text))), "messages": text})
+    pq.write_table(text_table, files["JSON text"], row_group_size=10_000)
+    del records, text
+    print(f"\nparquet: the short dataset's records as Parquet, row groups of 10,000 ({load()})")
+    for label, path in files.items():
+        out = workdir / f"out-{path.name}"
+        best: dict[str, tuple[float, float, int]] = {}
+        for _ in range(repeat):
+            for name, root in reversed(roots.items()):
+                out.unlink(missing_ok=True)
+                best[name] = min(best.get(name, (float("inf"), 0.0, 0)), run(root, [str(path), "-o", str(out)]))
+        for name, (seconds, cpu, peak_kib) in best.items():
+            print(
+                f"{name:>8} {label:>18}: {seconds:.2f} s wall, {cpu:.2f} s CPU for {path.stat().st_size / 1e6:.0f} MB "
+                f"of Parquet ({source.stat().st_size / 1e6 / seconds:.1f} MB/s of the same records as JSONL), "
+                f"peak memory {peak_kib / 1024:.0f} MiB"
+            )
+        if "against" in best:
+            print(f"{'':>8} {label:>18}: this / against = {best['against'][0] / best['this'][0]:.2f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=["both", *SHAPES], default="both", help="which dataset (default both)")
@@ -381,6 +420,9 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, help="where to write the dataset (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best is reported")
+    parser.add_argument(
+        "--parquet", action="store_true", help="also the short dataset as Parquet, nested and as JSON text (pyarrow)"
+    )
     args = parser.parse_args()
 
     roots = {"this": ROOT, **({"against": args.against.resolve()} if args.against else {})}
@@ -389,6 +431,10 @@ def main() -> int:
     try:
         for shape in SHAPES if args.shape == "both" else [args.shape]:
             bench_shape(shape, sizes[shape], workdir, args.repeat, roots)
+        if args.parquet:
+            if not (workdir / "short.jsonl").exists():
+                generate(workdir / "short.jsonl", "short", args.short_mb)
+            bench_parquet(workdir, args.repeat, roots)
         return 0
     finally:
         if args.keep:
