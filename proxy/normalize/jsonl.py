@@ -260,8 +260,11 @@ def _quiet_worker() -> None:
 
 
 def _pool_context() -> BaseContext:
-    """Fork when this process runs no other thread (workers start at once, with every module
-    loaded); otherwise spawn, since a fork copies locks that other threads may hold."""
+    """Fork when this process runs no other thread, else spawn.
+
+    Forked workers start at once with every module loaded; spawned ones start a
+    fresh interpreter, but a fork would copy locks that other threads may hold.
+    """
     import multiprocessing
     import threading
 
@@ -274,8 +277,8 @@ PROBE_SIZE = 64 << 10  # bytes read at a planned cut to find the end of its line
 def plan_slices(fd: int, size: int, block_size: int) -> Iterator[tuple[int, int]]:
     """Cut a file of ``size`` bytes into ``(offset, length)`` slices of whole lines.
 
-    Each slice ends just after the first ``\n`` at or past ``block_size`` bytes
-    (the last one at the end of the file, with or without its ``\n``). Only a
+    Each slice ends just after the first ``\\n`` at or past ``block_size`` bytes
+    (the last one at the end of the file, with or without its ``\\n``). Only a
     small window at each cut is read, so the process that plans never holds the
     data; the slices are read by whoever normalizes them.
     """
