@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.normalize import jsonl
+from proxy.normalize import jsonl, pool
 from proxy.normalize.cli import NormalizeJob, run_normalize
 from proxy.normalize.core import NormalizeTally
 from tests.dataset_records import chat, sharegpt
@@ -100,7 +100,7 @@ def test_a_pool_forks_when_alone_and_spawns_beside_another_thread(tmp_path: Path
     # The command runs no other thread: its pool forks. (This test process may hold threads
     # that earlier tests left behind, so the forking run is the real command's.)
     method = subprocess.run(
-        [sys.executable, "-c", "from proxy.normalize import jsonl; print(jsonl._pool_context().get_start_method())"],
+        [sys.executable, "-c", "from proxy.normalize import pool; print(pool.pool_context().get_start_method())"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -118,7 +118,7 @@ def test_a_pool_forks_when_alone_and_spawns_beside_another_thread(tmp_path: Path
     other = threading.Thread(target=release.wait)
     other.start()
     try:
-        assert jsonl._pool_context().get_start_method() == "spawn"
+        assert pool.pool_context().get_start_method() == "spawn"
         assert _run(tmp_path, source, 2, "spawn") == alone
     finally:
         release.set()

@@ -8,11 +8,11 @@ of whole lines, normalizes a block, and drives a run over a file:
   reads only a small window at each cut) and each slice is read with
   ``pread``; stdin and gzip are cut into blocks as they are read. Either way
   memory stays constant in the file size (it grows only with the longest line).
-- With ``workers > 1`` slices go to a process pool (forked when no other thread
-  runs); at most two per worker are in flight, and results are written in
-  input order. From a plain file a worker reads its slice itself, numbers its
-  lines from 1 and sends back only the lines that changed; this process shifts
-  the numbers as results arrive and reads a slice only to write it out.
+- With ``workers > 1`` slices go to a process pool (``pool``); at most two per
+  worker are in flight, and results are written in input order. From a plain
+  file a worker reads its slice itself, numbers its lines from 1 and sends back
+  only the lines that changed; this process shifts the numbers as results
+  arrive and reads a slice only to write it out.
 
 A block is scanned line by line for the ID markers; only a line that holds one
 is parsed. A line without one costs a byte search or two and a counter: no
@@ -22,7 +22,6 @@ of them plain turns) at the speed of long ones.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import os
 import stat
@@ -43,7 +42,6 @@ from proxy.normalize.files import NormalizeFailed
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
-    from multiprocessing.context import BaseContext
 
 __all__ = [
     "Edit",
@@ -255,22 +253,6 @@ def _count_lines(block: bytes) -> int:
     return block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
 
 
-def _quiet_worker() -> None:
-    gc.disable()  # parsed records hold no cycles; the collector would only walk them
-
-
-def _pool_context() -> BaseContext:
-    """Fork when this process runs no other thread, else spawn.
-
-    Forked workers start at once with every module loaded; spawned ones start a
-    fresh interpreter, but a fork would copy locks that other threads may hold.
-    """
-    import multiprocessing
-    import threading
-
-    return multiprocessing.get_context("fork" if threading.active_count() == 1 else "spawn")
-
-
 PROBE_SIZE = 64 << 10  # bytes read at a planned cut to find the end of its line
 
 
@@ -369,7 +351,7 @@ def normalize_jsonl(
             line += part.lines
             emit(len(block), edited_pieces(block, edits), part)
         return
-    from concurrent.futures import ProcessPoolExecutor
+    from proxy.normalize.pool import worker_pool  # here: a one-process run starts faster without it
 
     # Stdin or gzip: the block goes to a worker, which sends back only the lines
     # that changed; this process keeps the block and splices them in.
@@ -380,7 +362,7 @@ def normalize_jsonl(
         edits, part = future.result()
         emit(len(block), edited_pieces(block, edits) if write else [], part)
 
-    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_quiet_worker) as pool:
+    with worker_pool(workers) as pool:
         line = 1
         for block in source.blocks(block_size or WORKER_BLOCK):
             pending.append((block, pool.submit(block_edits, block, line, validate=validate)))
@@ -411,7 +393,7 @@ def _normalize_file(
             source.position = offset + length
             emit(length, edited_pieces(block, edits) if write else [], part)
         return
-    from concurrent.futures import ProcessPoolExecutor
+    from proxy.normalize.pool import worker_pool
 
     assert source.identity is not None
     path, device, inode = source.identity
@@ -430,7 +412,7 @@ def _normalize_file(
 
     # Slices small enough that every worker gets several, so none waits long at the end.
     size_each = block_size or max(READ_SIZE, min(WORKER_BLOCK, size // (8 * workers) + 1))
-    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_quiet_worker) as pool:
+    with worker_pool(workers) as pool:
         for offset, length in plan_slices(fd, size, size_each):
             where = _FileSlice(path, device, inode, offset, length)
             pending.append((offset, length, pool.submit(_slice_edits, where, 1, validate)))
