@@ -382,3 +382,35 @@ def test_changed_text_cells_are_built_as_pyarrow_would(kind: pa.DataType) -> Non
     values: list[Any] = ["[]", "", '["é 🙂"]'] if text else [b"[]", b"", "é 🙂".encode()]
     built = parquet._texts(values, kind)
     assert built.type == kind and built.equals(pa.array(values, type=kind))
+
+
+def test_workers_normalize_row_groups_in_parallel_and_write_the_same_file(tmp_path: Path) -> None:
+    rows = chat_rows() * 25  # 300 rows in row groups of 40: eight groups, the last one short
+    source = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), source, row_group_size=40)
+    runs = {}
+    for workers in ("1", "2"):
+        out, report = tmp_path / f"out{workers}.parquet", tmp_path / f"report{workers}.json"
+        done = toolpair(source, "-o", out, "--report", report, "--workers", workers)
+        assert done.returncode == 0, done.stderr
+        runs[workers] = (pq.read_table(out), json.loads(report.read_text()), pq.ParquetFile(out).metadata)
+    one, two = runs["1"], runs["2"]
+    assert two[0].equals(one[0]) and two[1] == one[1]
+    assert two[2].num_row_groups == one[2].num_row_groups == 8
+    assert one[1]["records_changed"] == 75 and one[1]["changed_row_indices"][:3] == [0, 4, 8]
+    assert one[1]["changed_row_indices"][-1] == 296  # row numbers run on across row groups
+    checked = toolpair(source, "--check", "--workers", "2")
+    assert checked.returncode == 1 and b"75 of 300 records would change" in checked.stderr
+
+
+def test_a_parquet_worker_refuses_a_file_that_was_replaced(tmp_path: Path) -> None:
+    source = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(chat_rows()), source)
+    info = source.stat()
+    kinds: dict[str, Any] = {"messages": "nested"}
+    table, tally = parquet._row_group_in_worker(str(source), info.st_dev, info.st_ino, 0, 0, kinds, False)
+    assert table.num_rows == tally.lines == 12
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist(chat_rows()), other)
+    with pytest.raises(parquet.NormalizeFailed, match="replaced"):
+        parquet._row_group_in_worker(str(other), info.st_dev, info.st_ino, 0, 0, kinds, False)

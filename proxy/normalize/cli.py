@@ -161,7 +161,15 @@ def _run_parquet(job: NormalizeJob, stdout: BinaryIO, progress: Progress | None)
                 run.step()
 
             sink = None if output is None else output.file
-            normalize_parquet(source, sink, step, validate=job.validate)
+            broken: tuple[type[Exception], ...] = ()
+            if job.workers > 1:
+                from concurrent.futures.process import BrokenProcessPool
+
+                broken = (BrokenProcessPool,)
+            try:
+                normalize_parquet(source, sink, step, validate=job.validate, workers=job.workers)
+            except broken:
+                raise NormalizeFailed("a worker process died; try fewer --workers") from None
             if progress is not None:
                 progress.done(run.tally.lines, run.done_bytes, 1.0)
             if output is not None:

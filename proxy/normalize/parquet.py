@@ -24,10 +24,12 @@ that can hold a run become Python, and moved rows are rebuilt in Arrow.
 
 from __future__ import annotations
 
+import os
 from array import array as packed
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +37,9 @@ import pyarrow.parquet as pq
 
 from proxy.normalize.core import LineKind, LineResult, NormalizeTally, normalize_line, order_record
 from proxy.normalize.files import NormalizeFailed
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 __all__ = ["COLUMNS", "ParquetInput", "normalize_parquet"]
 
@@ -115,8 +120,15 @@ Step = Callable[[int, NormalizeTally], None]
 """Called after each row group: its size in the file, and its tally (rows numbered from 0)."""
 
 
-def normalize_parquet(source: ParquetInput, sink: BinaryIO | None, step: Step, *, validate: bool = False) -> None:
-    """Normalize every row group of ``source``; write each to ``sink`` (None: only count, for ``--check``)."""
+def normalize_parquet(
+    source: ParquetInput, sink: BinaryIO | None, step: Step, *, validate: bool = False, workers: int = 1
+) -> None:
+    """Normalize every row group of ``source``; write each to ``sink`` (None: only count, for ``--check``).
+
+    With ``workers > 1`` row groups are normalized in worker processes, each
+    reading its row group from the file itself; results are written in order,
+    with at most two row groups per worker in flight.
+    """
     writer = None
     if sink is not None:
         try:
@@ -124,16 +136,12 @@ def normalize_parquet(source: ParquetInput, sink: BinaryIO | None, step: Step, *
         except (OSError, pa.ArrowException) as exc:
             raise NormalizeFailed(f"cannot write Parquet: {exc}") from None
     try:
-        first_row = 0
-        for index in range(source.row_groups):
-            table = source.read(index)
-            fresh, tally = normalize_table(table, source.kinds, first_row, validate=validate)
+        for index, (fresh, tally) in enumerate(_normalized_row_groups(source, validate, workers)):
             if writer is not None:
                 try:
                     writer.write_table(fresh, row_group_size=max(1, fresh.num_rows))
                 except (OSError, pa.ArrowException) as exc:
                     raise NormalizeFailed(f"cannot write Parquet: {exc}") from None
-            first_row += table.num_rows
             source.done = index + 1
             step(source.file.metadata.row_group(index).total_byte_size, tally)
     finally:
@@ -142,6 +150,49 @@ def normalize_parquet(source: ParquetInput, sink: BinaryIO | None, step: Step, *
                 writer.close()
             except (OSError, pa.ArrowException) as exc:
                 raise NormalizeFailed(f"cannot write Parquet: {exc}") from None
+
+
+def _normalized_row_groups(
+    source: ParquetInput, validate: bool, workers: int
+) -> Iterator[tuple[pa.Table, NormalizeTally]]:
+    """Each row group normalized, in order: here, or by worker processes."""
+    metadata = source.file.metadata
+    first_rows = [0]
+    for index in range(source.row_groups):
+        first_rows.append(first_rows[-1] + metadata.row_group(index).num_rows)
+    if workers <= 1 or source.row_groups < 2:
+        for index in range(source.row_groups):
+            yield normalize_table(source.read(index), source.kinds, first_rows[index], validate=validate)
+        return
+    from proxy.normalize.pool import worker_pool  # here: a one-process run starts faster without it
+
+    info = os.stat(source.path)
+    where = (os.path.abspath(source.path), info.st_dev, info.st_ino)
+    pending: deque[Future[tuple[pa.Table, NormalizeTally]]] = deque()
+    with worker_pool(workers) as pool:
+        for index in range(source.row_groups):
+            task = (*where, index, first_rows[index], source.kinds, validate)
+            pending.append(pool.submit(_row_group_in_worker, *task))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+_worker_inputs: dict[str, ParquetInput] = {}  # in a worker process: the input file, opened once
+
+
+def _row_group_in_worker(
+    path: str, device: int, inode: int, index: int, first_row: int, kinds: dict[str, ColumnKind], validate: bool
+) -> tuple[pa.Table, NormalizeTally]:
+    """In a worker: read one row group from the file itself and normalize it."""
+    source = _worker_inputs.get(path)
+    if source is None:
+        info = os.stat(path)
+        if (info.st_dev, info.st_ino) != (device, inode):
+            raise NormalizeFailed(f"{path} was replaced while it was being read")
+        source = _worker_inputs[path] = ParquetInput(path)
+    return normalize_table(source.read(index), kinds, first_row, validate=validate)
 
 
 def normalize_table(
