@@ -39,6 +39,7 @@ from proxy.normalize.core import (
     normalize_marked_line,
 )
 from proxy.normalize.files import NormalizeFailed
+from proxy.normalize.pool import worker_pool
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -351,8 +352,6 @@ def normalize_jsonl(
             line += part.lines
             emit(len(block), edited_pieces(block, edits), part)
         return
-    from proxy.normalize.pool import worker_pool  # here: a one-process run starts faster without it
-
     # Stdin or gzip: the block goes to a worker, which sends back only the lines
     # that changed; this process keeps the block and splices them in.
     pending: deque[tuple[bytes, Future[tuple[list[Edit], NormalizeTally]]]] = deque()
@@ -393,8 +392,6 @@ def _normalize_file(
             source.position = offset + length
             emit(length, edited_pieces(block, edits) if write else [], part)
         return
-    from proxy.normalize.pool import worker_pool
-
     assert source.identity is not None
     path, device, inode = source.identity
     pending: deque[tuple[int, int, Future[tuple[list[Edit], NormalizeTally]]]] = deque()

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from proxy.normalize.core import LineKind, LineResult, NormalizeTally, normalize_line, order_record
 from proxy.normalize.files import NormalizeFailed
+from proxy.normalize.pool import worker_pool
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -164,8 +165,6 @@ def _normalized_row_groups(
         for index in range(source.row_groups):
             yield normalize_table(source.read(index), source.kinds, first_rows[index], validate=validate)
         return
-    from proxy.normalize.pool import worker_pool  # here: a one-process run starts faster without it
-
     info = os.stat(source.path)
     where = (os.path.abspath(source.path), info.st_dev, info.st_ino)
     pending: deque[Future[tuple[pa.Table, NormalizeTally]]] = deque()

@@ -12,16 +12,20 @@ worker inherits an output buffer with data in it.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing.context import BaseContext
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing.context import BaseContext
 
 __all__ = ["pool_context", "worker_pool"]
 
 
 def pool_context() -> BaseContext:
     """Fork when this process runs no other thread, else spawn (see the module docstring)."""
+    import multiprocessing  # here, not at the top: a one-process run starts faster without it
+
     return multiprocessing.get_context("fork" if threading.active_count() == 1 else "spawn")
 
 
@@ -31,4 +35,6 @@ def _quiet_worker() -> None:
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes; use it as a context manager, which waits for them at the end."""
+    from concurrent.futures import ProcessPoolExecutor
+
     return ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_quiet_worker)
