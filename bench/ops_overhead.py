@@ -25,8 +25,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from proxy.ops.access import _log_access
 from proxy.ops.auth import KeyRing
 from proxy.ops.logs import log_handler

@@ -14,10 +14,10 @@ from aiohttp import web
 from engine_launcher.backends import BACKEND_CHOICES
 from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
 from proxy import __version__
+from proxy.app import create_app
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
 from proxy.engine.kinds import EngineKind
 from proxy.engine.plan import TOOL_CALL_FORMATS
-from proxy.http.app import create_app
 from proxy.normalize import cli as normalize_cli
 from proxy.ops.logs import setup_logging
 from proxy.ops.status import public_url

@@ -20,9 +20,7 @@ from typing import Any
 
 import yaml
 
-from proxy.engine.kinds import EngineKind
-
-__all__ = ["ApiMode", "ConfigError", "LogFormat", "LogLevel", "Settings", "load_settings", "ENV_PREFIX"]
+__all__ = ["ApiMode", "ConfigError", "EngineKind", "LogFormat", "LogLevel", "Settings", "load_settings", "ENV_PREFIX"]
 
 ENV_PREFIX = "TOOLPAIR_"
 
@@ -33,6 +31,14 @@ RENAMED = {"engine_max_ctx": "engine_ctx_size"}
 
 class ConfigError(ValueError):
     """Raised when a setting is unknown or its value has the wrong type."""
+
+
+class EngineKind(StrEnum):
+    """The engines toolpair knows apart (what each can do is in ``proxy.engine.kinds``)."""
+
+    LLAMA_CPP_PYTHON = "llama-cpp-python"  # the engine `toolpair serve` manages
+    LLAMA_SERVER = "llama-server"  # llama.cpp's server with --jinja
+    GENERIC = "generic"  # any other OpenAI-compatible server; nothing is changed
 
 
 class ApiMode(StrEnum):

@@ -56,13 +56,13 @@ from engine_launcher.models import ModelError, bundled_model, choose_template, r
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
 from engine_launcher.rpc import parse_endpoints
 from proxy import __version__
+from proxy.app import create_app
 from proxy.config import ConfigError, Settings
 from proxy.engine.plan import engine_setup
 from proxy.engine.queueing import EnginePool, PoolEngine
 from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
 from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import EngineUnavailableError
-from proxy.http.app import create_app
 from proxy.http.probes import READINESS
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot, overall_state
 

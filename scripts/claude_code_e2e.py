@@ -28,8 +28,8 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from tests.conftest import start_app
 
 

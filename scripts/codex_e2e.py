@@ -25,8 +25,8 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from proxy.app import create_app  # noqa: E402
 from proxy.config import Settings  # noqa: E402
-from proxy.http.app import create_app
 from tests.conftest import start_app  # noqa: E402
 from tests.mock_engine import MockEngine, Received, chunk  # noqa: E402
 

@@ -23,10 +23,10 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 import proxy
+from proxy.app import create_app
 from proxy.cli import build_parser
 from proxy.config import ENV_PREFIX, Settings, load_settings
-from proxy.http.app import create_app
-from proxy.http.paths import HEALTH_PATH, PROBE_PATHS, READY_PATH
+from proxy.ops.paths import HEALTH_PATH, PROBE_PATHS, READY_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "config" / "deploy"

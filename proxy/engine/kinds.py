@@ -33,17 +33,10 @@ OpenAI-compatible server: toolpair trusts it with the whole API.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import StrEnum
+
+from proxy.config import EngineKind  # a setting's type, so defined with the settings
 
 __all__ = ["ENGINES", "EngineKind", "EngineProfile", "engine_profile"]
-
-
-class EngineKind(StrEnum):
-    """The engines toolpair knows apart."""
-
-    LLAMA_CPP_PYTHON = "llama-cpp-python"  # the engine `toolpair serve` manages
-    LLAMA_SERVER = "llama-server"  # llama.cpp's server with --jinja
-    GENERIC = "generic"  # any other OpenAI-compatible server; nothing is changed
 
 
 _ALL_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -1,9 +1,11 @@
-"""What to send the engine for one chat request, and what to do with its reply.
+"""How the engine is set up, and what to do with its reply to one chat request.
 
 Pure: the handler and :mod:`proxy.engine.client` ask for a plan, then carry it
-out. A plan whose ``reply`` is None means "relay the engine's answer as it
-is"; that is always the case for the ``generic`` kind, whose requests also go
-out as the client's own bytes whenever ordering moved nothing.
+out; the request side (validate, order, adapt) is
+:func:`proxy.dialects.chat.request.plan_engine_request`. A reply plan of None
+means "relay the engine's answer as it is"; that is always the case for the
+``generic`` kind, whose requests also go out as the client's own bytes whenever
+ordering moved nothing.
 """
 
 from __future__ import annotations
@@ -11,17 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
-from proxy.dialects.chat.request import plan_chat_request
-from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.kinds import EngineProfile, engine_profile
 from proxy.engine.toolcalls import FORMATS, ExtractOptions
-from proxy.order import OrderReport
 
-__all__ = ["GENERIC", "EnginePlan", "EngineSetup", "ReplyPlan", "engine_setup", "plan_engine_request", "reply_plan"]
+__all__ = ["GENERIC", "EngineSetup", "ReplyPlan", "engine_setup", "reply_plan"]
 
 TOOL_CALL_FORMATS = (*FORMATS, "none")
 
@@ -116,32 +113,3 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
     if not options.active and not usage:
         return None
     return ReplyPlan(options, usage)
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """One chat request, ready for the engine.
-
-    ``body`` is the client's own bytes whenever neither ordering nor
-    adaptation changed anything.
-    """
-
-    body: bytes
-    data: Body
-    order: OrderReport
-    adapted: tuple[str, ...]
-    """Names of the adaptation rules that changed the request."""
-    reply: ReplyPlan | None
-
-
-def plan_engine_request(raw: bytes, setup: EngineSetup) -> EnginePlan:
-    """Validate, order, adapt; decide how the reply is treated.
-
-    >>> plan = plan_engine_request(b'{"messages": [{"role": "developer", "content": "hi"}]}', GENERIC)
-    >>> plan.body, plan.reply
-    (b'{"messages": [{"role": "developer", "content": "hi"}]}', None)
-    """
-    chat = plan_chat_request(raw)
-    data, adapted = adapt_chat_request(chat.data, setup.profile)
-    body = chat.body if data is chat.data else orjson.dumps(data)
-    return EnginePlan(body, data, chat.report, adapted, reply_plan(data, setup))

@@ -1,35 +1,36 @@
 """Errors in one layer: a :class:`~proxy.errors.ToolpairError` from any handler becomes the route's error response.
 
 Handlers raise; they never catch to answer. The route's dialect comes from its path
-(:func:`proxy.errors.dialect_for_path`), and a dialect may map an error first: Anthropic turns an
-engine's context overflow into ``prompt is too long`` (:func:`proxy.dialects.anthropic.errors.anthropic_error`).
+(:func:`proxy.errors.dialect_for_path`), and a dialect may map an error first: the app passes those
+maps in (Anthropic turns an engine's context overflow into ``prompt is too long``,
+:func:`proxy.dialects.anthropic.errors.anthropic_error`), so this layer knows no dialect's code.
 A stream that already started reports failures in-band instead (:mod:`proxy.http.streaming`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from proxy.dialects.anthropic.errors import anthropic_error
 from proxy.errors import AuthenticationError, Dialect, ToolpairError, UpstreamError, dialect_for_path, error_body
 from proxy.ops.privacy import log_message
 
-__all__ = ["error_middleware", "error_response"]
+__all__ = ["ErrorMaps", "error_middleware", "error_response"]
 
 log = logging.getLogger("toolpair")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_DIALECT_ERRORS: dict[Dialect, Callable[[ToolpairError], ToolpairError]] = {Dialect.ANTHROPIC: anthropic_error}
+ErrorMaps = Mapping[Dialect, Callable[[ToolpairError], ToolpairError]]
 """Per dialect, how an error is shown to its clients (the hook for Anthropic's context overflow)."""
 
 
-def error_response(error: ToolpairError, dialect: Dialect) -> web.Response:
+def error_response(error: ToolpairError, dialect: Dialect, maps: ErrorMaps | None = None) -> web.Response:
     """The one place a ToolpairError becomes an HTTP response."""
-    error = _DIALECT_ERRORS.get(dialect, _same)(error)
+    error = (maps or {}).get(dialect, _same)(error)
     response = web.Response(
         status=error.status,
         body=error_body(error, dialect),
@@ -48,12 +49,16 @@ def _same(error: ToolpairError) -> ToolpairError:
     return error
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer a ToolpairError raised by ``handler`` in the dialect of the path the client called."""
-    try:
-        return await handler(request)
-    except ToolpairError as exc:
-        if isinstance(exc, UpstreamError):
-            log.warning("%s %s: %s", request.method, request.path, log_message(exc))
-        return error_response(exc, dialect_for_path(request.path))
+def error_middleware(maps: ErrorMaps | None = None) -> Middleware:
+    """The middleware answering a ToolpairError in the dialect of the path the client called."""
+
+    @web.middleware
+    async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ToolpairError as exc:
+            if isinstance(exc, UpstreamError):
+                log.warning("%s %s: %s", request.method, request.path, log_message(exc))
+            return error_response(exc, dialect_for_path(request.path), maps)
+
+    return answer_errors

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from proxy.errors import UpstreamError
 from proxy.http.keys import UPSTREAM
-from proxy.http.paths import HEALTH_PATH, READY_PATH
+from proxy.ops.paths import HEALTH_PATH, READY_PATH
 
 __all__ = ["HEALTH_PATH", "READINESS", "READY_PATH", "Readiness", "register_health_routes"]
 

@@ -22,9 +22,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from proxy.http.paths import METRICS_PATH, PROBE_PATHS
 from proxy.ops.logs import accept_request_id
 from proxy.ops.metrics import Metrics
+from proxy.ops.paths import METRICS_PATH, PROBE_PATHS
 from proxy.ops.privacy import hide_bodies, show_bodies
 from proxy.ops.trace import TRACE, Trace, bind, unbind
 from proxy.ops.usage import Usage

@@ -12,7 +12,7 @@ every key by :func:`hmac.compare_digest` on equal-length SHA-256 digests, with
 no early exit: the time taken says nothing about which key, or how much of it,
 matched. Keys, and values that clients present, are never logged.
 
-Probe paths stay open (:data:`~proxy.http.paths.PROBE_PATHS`); so does ``/metrics``
+Probe paths stay open (:data:`~proxy.ops.paths.PROBE_PATHS`); so does ``/metrics``
 unless ``metrics_require_key`` is set.
 """
 
@@ -31,7 +31,7 @@ from multidict import MultiMapping
 
 from proxy.config import ConfigError, Settings
 from proxy.errors import AuthenticationError
-from proxy.http.paths import METRICS_PATH, PROBE_PATHS
+from proxy.ops.paths import METRICS_PATH, PROBE_PATHS
 
 __all__ = [
     "KeyRing",

@@ -22,11 +22,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from proxy.config import Settings
-from proxy.http.paths import METRICS_PATH, STATUS_PATH
 from proxy.ops.access import access_middleware, stamp_request_id
 from proxy.ops.auth import auth_middleware, exposure_warning, keys_required, load_keys, open_paths
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
 from proxy.ops.metrics import METRICS, Metrics, metrics_handler
+from proxy.ops.paths import METRICS_PATH, STATUS_PATH
 from proxy.ops.status import STARTED_AT, status_handler
 
 __all__ = ["register_operations"]

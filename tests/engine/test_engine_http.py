@@ -18,11 +18,11 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.engine.client import EngineCall
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
-from proxy.http.app import create_app
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received, chunk, completion
 

@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from proxy.config import ConfigError, Settings
-from proxy.engine.plan import engine_setup, plan_engine_request, reply_plan
+from proxy.dialects.chat.request import plan_engine_request
+from proxy.engine.plan import engine_setup, reply_plan
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 LCP = engine_setup(Settings(engine_kind="llama-cpp-python"))

@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.engine.queueing import EngineQueue
 from proxy.engine.upstream import Upstream
 from proxy.errors import EngineUnavailableError, QueueFullError
-from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, completion
 

@@ -13,11 +13,11 @@ import openai
 import orjson
 import pytest
 
+from proxy.app import create_app
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.engine.upstream import Upstream
 from proxy.errors import Dialect, dialect_for_path
-from proxy.http.app import create_app
-from proxy.http.paths import HEALTH_PATH, METRICS_PATH, READY_PATH, STATUS_PATH
+from proxy.ops.paths import HEALTH_PATH, METRICS_PATH, READY_PATH, STATUS_PATH
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
+from proxy.app import create_app
 from proxy.config import ConfigError, Settings
-from proxy.http.app import create_app
 from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received

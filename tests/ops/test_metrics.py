@@ -14,9 +14,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import proxy
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.errors import EngineUnavailableError
-from proxy.http.app import create_app
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot
 from proxy.ops.trace import note_toolcalls, trace_of
 from tests.conftest import Stack, start_app

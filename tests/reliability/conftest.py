@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine
 from tests.reliability import figures

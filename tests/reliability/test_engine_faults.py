@@ -28,8 +28,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.real_engine import bundled_model, start_real_engine

@@ -30,9 +30,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.engine.queueing import EngineQueue
-from proxy.http.app import create_app
 from proxy.ops.metrics import METRICS
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk

@@ -7,9 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.engine.client import Admission, admit_all
-from proxy.http.app import create_app
 
 __all__ = ["MakeProxy", "ProxyFactory", "start_app"]
 

@@ -93,3 +93,42 @@ def test_proxy_imports_form_no_cycle_and_none_hides_in_a_function() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+LAYERS = (
+    ("proxy.__main__", "proxy.cli", "proxy.serve", "proxy.app"),
+    ("proxy.dialects",),
+    ("proxy.http",),
+    ("proxy.engine",),
+    ("proxy.ops", "proxy.normalize"),
+    ("proxy.order", "proxy.sse", "proxy.errors", "proxy.config", "proxy._types", "proxy"),
+)
+"""proxy/ from the top down: a module imports only from its own layer or the ones below.
+
+The top layer are the entry points and the one module that wires the others together (``app``);
+``proxy`` itself (its version) is a leaf."""
+
+
+def _layer(module: str) -> int:
+    for depth, members in enumerate(LAYERS):
+        for member in members:
+            if module == member or (member != "proxy" and module.startswith(member + ".")):
+                return depth
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} -> {target}" for name, targets in graph.items() for target in targets if _layer(target) < _layer(name)
+    )
+
+
+def test_no_import_runs_back_up_a_layer() -> None:
+    graph, _ = _graph()
+    assert _upward(graph) == []
+
+
+def test_the_layer_check_sees_an_import_that_runs_up() -> None:
+    assert _upward({"proxy.ops.paths": {"proxy.http.body"}, "proxy.http.body": {"proxy.order"}}) == [
+        "proxy.ops.paths -> proxy.http.body"
+    ]

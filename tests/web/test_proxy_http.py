@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from tests.conftest import Stack, start_app
 from tests.mock_engine import MockEngine, Received, chunk
 

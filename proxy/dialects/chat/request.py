@@ -1,4 +1,4 @@
-"""Chat Completions requests: decode, order, and decide which bytes go upstream."""
+"""Chat Completions requests: decode, order, adapt to the engine, and decide which bytes go upstream."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import orjson
 
 from proxy._types import Body
+from proxy.engine.adapt import adapt_chat_request
+from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
 from proxy.errors import ClientInputError
-from proxy.order import OrderReport, order_chat_results
+from proxy.order import NO_RUNS, OrderReport, order_chat_results
 
-__all__ = ["ChatPlan", "decode_body", "plan_chat_request", "RESULT_MARKER"]
+__all__ = ["ChatPlan", "EnginePlan", "decode_body", "plan_chat_request", "plan_engine_request", "RESULT_MARKER"]
 
 RESULT_MARKER = b"tool_call_id"
 """Bytes that any chat body with tool results must contain (the fast-path test)."""
@@ -54,9 +56,38 @@ def plan_chat_request(raw: bytes) -> ChatPlan:
     if not isinstance(messages, list):
         raise ClientInputError("'messages' must be a list", param="messages")
     if RESULT_MARKER not in raw:
-        return ChatPlan(raw, data, OrderReport())
+        return ChatPlan(raw, data, NO_RUNS)
     ordered, report = order_chat_results(messages)
     if ordered is messages:
         return ChatPlan(raw, data, report)
     data = {**data, "messages": ordered}
     return ChatPlan(orjson.dumps(data), data, report)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One chat request, ready for the engine.
+
+    ``body`` is the client's own bytes whenever neither ordering nor
+    adaptation changed anything.
+    """
+
+    body: bytes
+    data: Body
+    order: OrderReport
+    adapted: tuple[str, ...]
+    """Names of the adaptation rules that changed the request."""
+    reply: ReplyPlan | None
+
+
+def plan_engine_request(raw: bytes, setup: EngineSetup) -> EnginePlan:
+    """Validate, order, adapt; decide how the reply is treated.
+
+    >>> plan = plan_engine_request(b'{"messages": [{"role": "developer", "content": "hi"}]}', GENERIC)
+    >>> plan.body, plan.reply
+    (b'{"messages": [{"role": "developer", "content": "hi"}]}', None)
+    """
+    chat = plan_chat_request(raw)
+    data, adapted = adapt_chat_request(chat.data, setup.profile)
+    body = chat.body if data is chat.data else orjson.dumps(data)
+    return EnginePlan(body, data, chat.report, adapted, reply_plan(data, setup))

@@ -1,6 +1,6 @@
 """The ``/v1/chat/completions`` handler.
 
-Plan (:func:`proxy.engine.plan.plan_engine_request`: validate, order, adapt), then one of two paths:
+Plan (:func:`proxy.dialects.chat.request.plan_engine_request`: validate, order, adapt), then one of two paths:
 
 - nothing in the reply to rewrite, or an engine error: the byte relay (:func:`proxy.http.relay.relay`),
   the fast path, with byte-level checks that an engine fault never passes as success;
@@ -15,8 +15,8 @@ import logging
 
 from aiohttp import web
 
+from proxy.dialects.chat.request import plan_engine_request
 from proxy.dialects.chat.stream import ChatStream
-from proxy.engine.plan import plan_engine_request
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect
 from proxy.http.body import read_body

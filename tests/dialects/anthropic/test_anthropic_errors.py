@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
+from proxy.app import create_app
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
-from proxy.http.app import create_app
 from proxy.sse import EventDecoder
 from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
 

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
+from proxy.app import create_app
 from proxy.config import Settings
-from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.real_engine import RealEngine
 

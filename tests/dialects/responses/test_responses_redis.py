@@ -20,9 +20,9 @@ import pytest
 import redis.asyncio
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.config import Settings
 from proxy.dialects.responses.store import RedisResponseStore, StoredResponse
-from proxy.http.app import create_app
 from tests.conftest import start_app
 from tests.dialects.responses.test_responses_http import client
 from tests.mock_engine import MockEngine, Received, completion, stream_words

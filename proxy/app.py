@@ -1,5 +1,8 @@
 """The aiohttp application: one route table, the middlewares, and the engine client.
 
+The one module that wires every layer together (HTTP, the dialects, the engine
+client, operations), so it sits above them all.
+
 Handlers decode, ask their dialect for a plan, and reach the engine through the one
 :class:`~proxy.engine.client.EngineClient`. Errors are raised, never caught to answer: the error
 middleware (:mod:`proxy.http.middleware`) turns them into responses in the route's dialect.
@@ -12,14 +15,16 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.dialects.anthropic.errors import anthropic_error
 from proxy.dialects.anthropic.routes import register_anthropic_routes
 from proxy.dialects.chat.routes import chat_completions
 from proxy.dialects.responses.routes import register_responses_routes
 from proxy.engine.client import Admission, EngineClient, admit_all
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
+from proxy.errors import Dialect
 from proxy.http.keys import ADMISSION, ENGINE, ENGINE_CLIENT, SETTINGS, UPSTREAM
-from proxy.http.middleware import error_middleware, error_response
+from proxy.http.middleware import ErrorMaps, error_middleware
 from proxy.http.probes import register_health_routes
 from proxy.http.relay import passthrough
 from proxy.ops.auth import keys_required
@@ -31,12 +36,14 @@ __all__ = [
     "ENGINE_CLIENT",
     "Admission",
     "create_app",
-    "error_response",
     "SETTINGS",
     "UPSTREAM",
 ]
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+
+ERROR_MAPS: ErrorMaps = {Dialect.ANTHROPIC: anthropic_error}
+"""How a dialect shows an error, where it differs (Anthropic's context overflow: ``prompt is too long``)."""
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -69,7 +76,7 @@ def create_app(
     app[ADMISSION] = admission
     app[ENGINE_CLIENT] = EngineClient(upstream, setup, admission)
     app.cleanup_ctx.append(_upstream_ctx)
-    register_operations(app, settings, upstream.base_url, error_middleware)
+    register_operations(app, settings, upstream.base_url, error_middleware(ERROR_MAPS))
     # The route table: toolpair's own paths, then everything else to the engine as it is.
     for path in CHAT_PATHS:
         app.router.add_post(path, chat_completions)
