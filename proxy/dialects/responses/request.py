@@ -29,13 +29,16 @@ import orjson
 from proxy._types import Body, Messages
 from proxy.dialects.chat.request import decode_body
 from proxy.errors import ClientInputError
-from proxy.order import OrderReport, order_responses_items
+from proxy.order import NO_RUNS, OrderReport, order_responses_items
 
 Event = dict[str, Any]
 """One Responses stream event: ``{"type": ..., "sequence_number": ..., ...}``."""
 
 CALL_MARKER = b"call_id"
 """Bytes that any Responses body with tool outputs must contain (the native fast-path test)."""
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The ``include`` entry that asks for each output text's token logprobs."""
 
 _NAMESPACE_JOIN = "__"
 _CALL_ITEMS = ("function_call", "custom_tool_call")
@@ -438,6 +441,13 @@ def _sampling(data: Body) -> Body:
         value = _opt_number(data, key)
         if value is not None:
             chat[key] = value
+    top = data.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise _bad("top_logprobs", "must be an integer from 0 to 20")
+    include = data.get("include")
+    if top is not None or (isinstance(include, list) and LOGPROBS_INCLUDE in include):
+        chat["logprobs"] = True  # the engine's token logprobs become each output_text's logprobs
+        chat["top_logprobs"] = top or 0
     return chat
 
 
@@ -600,7 +610,7 @@ def plan_native_request(raw: bytes) -> NativePlan:
     data = decode_body(raw)
     items = data.get("input")
     if CALL_MARKER not in raw or not isinstance(items, list):
-        return NativePlan(raw, OrderReport())
+        return NativePlan(raw, NO_RUNS)
     ordered, report = order_responses_items(items)
     if ordered is items:
         return NativePlan(raw, report)

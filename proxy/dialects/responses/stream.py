@@ -45,6 +45,7 @@ class _Item:
     call_id: str = ""
     ref: ToolRef | None = None
     parts: list[str] = field(default_factory=list)
+    logprobs: list[Body] = field(default_factory=list)  # a message's token logprobs, when asked for
     announced: bool = False  # output_item.added sent (a call waits for its name)
 
 
@@ -147,7 +148,7 @@ class ResponsesStream:
                 events += self._text("reasoning", reasoning)
             content = delta.get("content")
             if isinstance(content, str) and content:
-                events += self._text("message", content)
+                events += self._text("message", content, _logprobs_of(choice))
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
                 for call in calls:
@@ -226,7 +227,7 @@ class ResponsesStream:
         """The item as the client sees it; ``status`` is in_progress until it is done."""
         text = "".join(item.parts)
         if item.kind == "message":
-            content = [] if status == "in_progress" else [_text_part(text)]
+            content = [] if status == "in_progress" else [_text_part(text, item.logprobs)]
             return {"id": item.id, "type": "message", "status": status, "role": "assistant", "content": content}
         if item.kind == "reasoning":
             content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
@@ -247,7 +248,7 @@ class ResponsesStream:
             body["input"] = _custom_input(text) if status != "in_progress" else ""
         return body
 
-    def _text(self, kind: str, delta: str) -> list[Event]:
+    def _text(self, kind: str, delta: str, logprobs: Sequence[Body] = ()) -> list[Event]:
         events: list[Event] = []
         item = self._open
         if item is None or item.kind != kind:
@@ -257,8 +258,9 @@ class ResponsesStream:
             part = _text_part("") if kind == "message" else {"type": "reasoning_text", "text": ""}
             events.append(self._event("response.content_part.added", **self._where(item), part=part))
         item.parts.append(delta)
+        item.logprobs.extend(logprobs)
         name = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra: Body = {"logprobs": []} if kind == "message" else {}
+        extra: Body = {"logprobs": list(logprobs)} if kind == "message" else {}
         events.append(self._event(name, **self._where(item), delta=delta, **extra))
         return events
 
@@ -324,7 +326,7 @@ class ResponsesStream:
         if item.kind in ("message", "reasoning"):
             text = body["content"][0]["text"]
             name = "response.output_text.done" if item.kind == "message" else "response.reasoning_text.done"
-            extra: Body = {"logprobs": []} if item.kind == "message" else {}
+            extra: Body = {"logprobs": list(item.logprobs)} if item.kind == "message" else {}
             events.append(self._event(name, **self._where(item), text=text, **extra))
             events.append(self._event("response.content_part.done", **self._where(item), part=body["content"][0]))
         elif item.kind == "function_call":
@@ -351,8 +353,40 @@ class ResponsesStream:
         return events
 
 
-def _text_part(text: str) -> Body:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: Sequence[Body] = ()) -> Body:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}
+
+
+def _logprobs_of(choice: Body) -> list[Body]:
+    """A chat choice's token logprobs (``logprobs.content``) in the Responses shape; [] when it has none.
+
+    >>> entry = {"token": "Hi", "logprob": -0.5, "top_logprobs": [{"token": "Hi", "logprob": -0.5}]}
+    >>> _logprobs_of({"logprobs": {"content": [entry]}})[0]["top_logprobs"]
+    [{'token': 'Hi', 'logprob': -0.5, 'bytes': [72, 105]}]
+    """
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return []
+    out = []
+    for entry in content:
+        if not isinstance(entry, dict):
+            continue
+        top = entry.get("top_logprobs")
+        alternatives = [_token_logprob(t) for t in top if isinstance(t, dict)] if isinstance(top, list) else []
+        out.append({**_token_logprob(entry), "top_logprobs": alternatives})
+    return out
+
+
+def _token_logprob(entry: Body) -> Body:
+    given = entry.get("token")
+    token = given if isinstance(given, str) else ""
+    raw = entry.get("bytes")
+    return {
+        "token": token,
+        "logprob": entry.get("logprob"),
+        "bytes": raw if isinstance(raw, list) else list(token.encode()),
+    }
 
 
 def _custom_input(arguments: str) -> str:
@@ -398,7 +432,14 @@ def chat_to_response(completion: Body, plan: ResponsesPlan, response_id: str, cr
         {
             "model": completion.get("model"),
             "usage": completion.get("usage"),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": choice.get("logprobs"),
+                    "finish_reason": choice.get("finish_reason"),
+                }
+            ],
         }
     )
     stream.finish()

@@ -111,3 +111,42 @@ async def test_responses_round_trip_on_the_real_engine(tapped: tuple[str, Tap], 
     assert streamed == final.output_text
     if whole.status == "incomplete":
         assert whole.incomplete_details is not None and whole.incomplete_details.reason == "max_output_tokens"
+
+
+async def test_logprobs_asked_for_come_back_on_each_output_text(
+    tapped: tuple[str, Tap], real_engine: RealEngine
+) -> None:
+    url, tap = tapped
+    ask: dict[str, Any] = {"model": "gemma", "input": "Say hello.", "max_output_tokens": 6, "temperature": 0}
+    async with AsyncOpenAI(base_url=url + "/v1", api_key=real_engine.api_key, max_retries=0) as sdk:
+        whole = await sdk.responses.create(**ask, top_logprobs=2, include=["message.output_text.logprobs"], store=False)
+        stream = await sdk.responses.create(**ask, top_logprobs=2, stream=True, store=False)
+        events = [event async for event in stream]
+        plain = await sdk.responses.create(**ask, store=False)
+
+    assert [(sent.get("logprobs"), sent.get("top_logprobs")) for sent in tap.bodies] == [
+        (True, 2),
+        (True, 2),
+        (None, None),
+    ]
+    text = whole.output[-1].content[0]  # type: ignore[union-attr]
+    assert text.type == "output_text" and text.text and text.logprobs
+    for entry in text.logprobs:
+        assert isinstance(entry.token, str) and entry.logprob <= 0 and entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+    # The tokens spell the text, and at most the start of an end marker cut short by the token limit
+    # (a token such as ".<|" stays with the "." it begins with; the ones after it went with the marker).
+    spelled = "".join(entry.token for entry in text.logprobs)
+    starts = [len("".join(entry.token for entry in text.logprobs[:i])) for i in range(len(text.logprobs))]
+    assert spelled.startswith(text.text) and all(start < len(text.text) for start in starts)
+
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    streamed = [entry for e in deltas for entry in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = events[-1].response.output[-1].content[0]  # type: ignore[union-attr]
+    tokens = [x.token for x in streamed]
+    assert tokens and tokens == [x.token for x in done.logprobs] == [x.token for x in final.logprobs]
+    assert "".join(e.delta for e in deltas) == final.text and "".join(tokens).startswith(final.text)
+    assert tokens == [x.token for x in text.logprobs]  # temperature 0: the same tokens, whole or streamed
+
+    assert plain.output[-1].content[0].logprobs == []  # type: ignore[union-attr]
