@@ -83,6 +83,7 @@ class EnginePlan:
 def plan_engine_request(raw: bytes, setup: EngineSetup) -> EnginePlan:
     """Validate, order, adapt; decide how the reply is treated.
 
+    >>> from proxy.engine.plan import GENERIC
     >>> plan = plan_engine_request(b'{"messages": [{"role": "developer", "content": "hi"}]}', GENERIC)
     >>> plan.body, plan.reply
     (b'{"messages": [{"role": "developer", "content": "hi"}]}', None)
