@@ -165,8 +165,6 @@ class ChunkDecoder:
         """Whether any chunk came from the engine."""
         self._fault: UpstreamError | None = None
         self._markers = EndMarkerGuard()
-        self._held_logprobs: list[Any] = []  # token logprobs of the text the marker guard holds
-        self._covered = 0  # characters of the held text a token already sent also spelled
 
     def feed(self, raw: bytes) -> list[Body]:
         """The chunks ``raw`` completes; a fault after some of them is held until :meth:`check`."""
@@ -204,30 +202,10 @@ class ChunkDecoder:
         content = delta.get("content")
         text = self._markers.feed(content) if isinstance(content, str) else ""
         finish = choice.get("finish_reason")
-        ending = isinstance(finish, str) and bool(finish)
-        if ending:
+        if isinstance(finish, str) and finish:
             text += self._markers.finish(cut=finish == "length")
         if isinstance(content, str) or text:
             delta["content"] = text
-        self._guard_logprobs(choice, text, ending, cut=finish == "length")
-
-    def _guard_logprobs(self, choice: Body, text: str, ending: bool, *, cut: bool) -> None:
-        """Token logprobs go out with the text they spell: held with held text, dropped with a dropped marker.
-
-        A token that begins in the text sent goes with it, even when it ends in held text (``.<|``).
-        """
-        logprobs = choice.get("logprobs")
-        entries = logprobs.get("content") if isinstance(logprobs, dict) else None
-        if not isinstance(entries, list) and not self._held_logprobs:
-            return
-        pool = [*self._held_logprobs, *(entries if isinstance(entries, list) else [])]
-        if ending and not cut:
-            shown, self._covered = pool, 0
-        else:
-            shown, spelled = _logprobs_starting_within(pool, len(text), self._covered)
-            self._covered = max(0, spelled - len(text))
-        self._held_logprobs = [] if ending else pool[len(shown) :]
-        choice["logprobs"] = {**(logprobs if isinstance(logprobs, dict) else {}), "content": shown}
 
     def check(self) -> None:
         """Raise the fault held back by :meth:`feed`, if any."""
@@ -452,10 +430,7 @@ class EngineCall:
 
 
 def strip_cut_marker(completion: Body) -> bool:
-    """Drop the start of an end-of-turn marker from a reply cut by length; True if anything changed.
-
-    The marker's token logprobs, when the reply has them, go with it.
-    """
+    """Drop the start of an end-of-turn marker from a reply cut by length; True if anything changed."""
     changed = False
     for choice in completion["choices"]:
         message = choice.get("message") if isinstance(choice, dict) else None
@@ -465,30 +440,8 @@ def strip_cut_marker(completion: Body) -> bool:
                 stripped = strip_end_marker_prefix(content)
                 if stripped != content:
                     message["content"] = stripped
-                    logprobs = choice.get("logprobs")
-                    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
-                    if isinstance(logprobs, dict) and isinstance(entries, list):
-                        kept, _ = _logprobs_starting_within(entries, len(stripped))
-                        choice["logprobs"] = {**logprobs, "content": kept}
                     changed = True
     return changed
-
-
-def _logprobs_starting_within(entries: list[Any], length: int, start: int = 0) -> tuple[list[Any], int]:
-    """The leading token logprobs whose tokens begin within the first ``length`` characters, and where they end.
-
-    ``start`` is where the first token begins (characters a token already counted also spelled).
-
-    >>> _logprobs_starting_within([{"token": "Hi"}, {"token": ".<|"}, {"token": "im"}], 3)
-    ([{'token': 'Hi'}, {'token': '.<|'}], 5)
-    """
-    spelled = start
-    for index, entry in enumerate(entries):
-        if spelled >= length:
-            return entries[:index], spelled
-        token = entry.get("token") if isinstance(entry, dict) else None
-        spelled += len(token) if isinstance(token, str) else 0
-    return entries, spelled
 
 
 _REPLAY_DROP = ("stream", "stream_options", "max_completion_tokens", "min_tokens", "n")

@@ -107,6 +107,7 @@ class ResponsesStream:
         self._output: list[Body] = []
         self._chat_calls: set[int] = set()
         self._finish_reason: str | None = None
+        self._unspelled: list[Body] = []  # logprobs of tokens whose text the engine client holds back
         self._usage: Body | None = None
         self._model: str | None = None
         self.response: Body = self._snapshot("in_progress")
@@ -147,8 +148,14 @@ class ResponsesStream:
             if isinstance(reasoning, str) and reasoning:
                 events += self._text("reasoning", reasoning)
             content = delta.get("content")
+            logprobs = _logprobs_of(choice)
             if isinstance(content, str) and content:
-                events += self._text("message", content, _logprobs_of(choice))
+                events += self._text("message", content, [*self._unspelled, *logprobs])
+                self._unspelled = []
+            elif logprobs:
+                # The text of these tokens is held back (it may begin an end-of-turn marker): their
+                # logprobs go with the next text, or onto the message when it closes.
+                self._unspelled += logprobs
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
                 for call in calls:
@@ -321,6 +328,9 @@ class ResponsesStream:
         if not item.announced:
             raise UpstreamError("the engine sent a tool call without a function name")
         self._open = None
+        if item.kind == "message" and self._unspelled:
+            item.logprobs += self._unspelled
+            self._unspelled = []
         body = self._body(item, status)
         events: list[Event] = []
         if item.kind in ("message", "reasoning"):

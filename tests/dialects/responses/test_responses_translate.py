@@ -678,3 +678,56 @@ def test_the_sdk_replay_is_strict_enough_to_catch_broken_streams() -> None:
             event["output_index"] = 1
     with pytest.raises(RuntimeError):
         sdk_replay(duplicate)
+
+
+def _with_logprobs(content: str, tokens: list[str], finish: str | None = None) -> dict[str, Any]:
+    entries = [{"token": t, "logprob": -0.25, "top_logprobs": [{"token": t, "logprob": -0.25}]} for t in tokens]
+    return {
+        "choices": [
+            {"index": 0, "delta": {"content": content}, "logprobs": {"content": entries}, "finish_reason": finish}
+        ]
+    }
+
+
+def test_token_logprobs_ride_on_the_text_they_spell_and_held_back_ones_on_done() -> None:
+    plan = translate_request({"model": "m", "input": "hi", "top_logprobs": 1})
+    assert (plan.chat["logprobs"], plan.chat["top_logprobs"]) == (True, 1)
+    # The engine client holds back "<" (it may begin an end marker) and lets it out with "b"; the
+    # last "<|" is held when the token limit cuts the reply, so its text never comes.
+    chunks = [_with_logprobs("Hi", ["Hi"]), _with_logprobs("", ["<"]), _with_logprobs("<b", ["b"])]
+    events, stream = run([*chunks, _with_logprobs("", ["<|"]), _with_logprobs("", [], "length")], plan)
+    deltas = [[x["token"] for x in e["logprobs"]] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == [["Hi"], ["<", "b"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert [x["token"] for x in done["logprobs"]] == ["Hi", "<", "b", "<|"] and done["text"] == "Hi<b"
+    part = stream.response["output"][0]["content"][0]
+    assert part["logprobs"] == done["logprobs"] and part["logprobs"][0] == {
+        "token": "Hi",
+        "logprob": -0.25,
+        "bytes": [72, 105],
+        "top_logprobs": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105]}],
+    }
+    sdk_replay(events)  # the SDK's strict stream state takes every event
+
+
+@pytest.mark.parametrize(
+    ("asked", "chat"),
+    [
+        ({"top_logprobs": 3}, (True, 3)),
+        ({"include": ["message.output_text.logprobs"]}, (True, 0)),
+        ({"include": ["reasoning.encrypted_content"]}, (None, None)),
+        ({}, (None, None)),
+    ],
+)
+def test_logprobs_are_asked_of_the_engine_only_when_the_client_asks(
+    asked: dict[str, Any], chat: tuple[Any, Any]
+) -> None:
+    plan = translate_request({"model": "m", "input": "hi", **asked})
+    assert (plan.chat.get("logprobs"), plan.chat.get("top_logprobs")) == chat
+
+
+@pytest.mark.parametrize("bad", [21, -1, True, "3", 2.5])
+def test_top_logprobs_outside_0_to_20_is_a_400_naming_it(bad: Any) -> None:
+    with pytest.raises(ClientInputError) as caught:
+        translate_request({"model": "m", "input": "hi", "top_logprobs": bad})
+    assert caught.value.param == "top_logprobs"
