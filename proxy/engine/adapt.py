@@ -22,7 +22,14 @@ from proxy._types import Body, Message
 from proxy.engine.kinds import EngineKind, EngineProfile
 from proxy.errors import ClientInputError
 
-__all__ = ["RULES", "adapt_chat_request", "refuse_completion_logprobs", "refuse_responses_logprobs"]
+__all__ = [
+    "RESPONSES_LOGPROBS_INCLUDE",
+    "RULES",
+    "adapt_chat_request",
+    "refuse_completion_logprobs",
+    "refuse_responses_logprobs",
+    "responses_logprobs_asked",
+]
 
 _TEXT_PARTS = frozenset({"text", "refusal"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -291,16 +298,33 @@ def refuse_completion_logprobs(raw: bytes | None, profile: EngineProfile) -> Non
         raise ClientInputError(_LOGPROBS_OFF.format(param="logprobs"), param="logprobs")
 
 
+RESPONSES_LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The Responses ``include`` entry that asks for each output text's token logprobs."""
+
+
+def responses_logprobs_asked(data: Body) -> str | None:
+    """The field of a Responses request that asks for logprobs (``top_logprobs`` or ``include``), if any.
+
+    >>> asked = responses_logprobs_asked
+    >>> asked({"top_logprobs": 0}), asked({"top_logprobs": 2}), asked({"include": [RESPONSES_LOGPROBS_INCLUDE]})
+    (None, 'top_logprobs', 'include')
+    """
+    top = data.get("top_logprobs")
+    if top is not None and top != 0:
+        return "top_logprobs"
+    include = data.get("include")
+    if isinstance(include, list) and RESPONSES_LOGPROBS_INCLUDE in include:
+        return "include"
+    return None
+
+
 def refuse_responses_logprobs(data: Body, profile: EngineProfile) -> None:
     """A Responses request for ``top_logprobs`` or ``include`` of output logprobs, for an engine without them."""
     if profile.logprobs:
         return
-    top = data.get("top_logprobs")
-    if top is not None and top != 0:
-        raise ClientInputError(_LOGPROBS_OFF.format(param="top_logprobs"), param="top_logprobs")
-    include = data.get("include")
-    if isinstance(include, list) and "message.output_text.logprobs" in include:
-        raise ClientInputError(_LOGPROBS_OFF.format(param="include"), param="include")
+    param = responses_logprobs_asked(data)
+    if param is not None:
+        raise ClientInputError(_LOGPROBS_OFF.format(param=param), param=param)
 
 
 Rule = Callable[[Body, EngineProfile], Body]

@@ -28,6 +28,7 @@ import orjson
 
 from proxy._types import Body, Messages
 from proxy.dialects.chat.request import decode_body
+from proxy.engine.adapt import responses_logprobs_asked
 from proxy.errors import ClientInputError
 from proxy.order import NO_RUNS, OrderReport, order_responses_items
 
@@ -36,9 +37,6 @@ Event = dict[str, Any]
 
 CALL_MARKER = b"call_id"
 """Bytes that any Responses body with tool outputs must contain (the native fast-path test)."""
-
-LOGPROBS_INCLUDE = "message.output_text.logprobs"
-"""The ``include`` entry that asks for each output text's token logprobs."""
 
 _NAMESPACE_JOIN = "__"
 _CALL_ITEMS = ("function_call", "custom_tool_call")
@@ -444,8 +442,7 @@ def _sampling(data: Body) -> Body:
     top = data.get("top_logprobs")
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
         raise _bad("top_logprobs", "must be an integer from 0 to 20")
-    include = data.get("include")
-    if top is not None or (isinstance(include, list) and LOGPROBS_INCLUDE in include):
+    if responses_logprobs_asked(data) is not None:
         chat["logprobs"] = True  # the engine's token logprobs become each output_text's logprobs
         chat["top_logprobs"] = top or 0
     return chat

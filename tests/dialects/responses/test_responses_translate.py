@@ -716,6 +716,8 @@ def test_token_logprobs_ride_on_the_text_they_spell_and_held_back_ones_on_done()
         ({"top_logprobs": 3}, (True, 3)),
         ({"include": ["message.output_text.logprobs"]}, (True, 0)),
         ({"include": ["reasoning.encrypted_content"]}, (None, None)),
+        ({"top_logprobs": 0}, (None, None)),  # as the refusal reads it: no alternatives asks for nothing
+        ({"top_logprobs": 0, "include": ["message.output_text.logprobs"]}, (True, 0)),
         ({}, (None, None)),
     ],
 )
