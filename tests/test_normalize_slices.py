@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from proxy.normalize import jsonl, pool
 from proxy.normalize.cli import NormalizeJob, run_normalize
 from proxy.normalize.core import NormalizeTally
+from proxy.normalize.files import NormalizeFailed
 from tests.dataset_records import chat, sharegpt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,3 +146,9 @@ def test_check_with_workers_reads_no_slice_in_the_coordinating_process(
     with open(os.devnull, "w") as quiet:
         run_normalize(NormalizeJob(str(source), str(out), workers=2, block_size=997), stderr=quiet)
     assert sum(read_here) == source.stat().st_size  # writing reads each slice once, to copy it out
+
+
+def test_a_worker_that_dies_is_one_clear_failure() -> None:
+    with pytest.raises(NormalizeFailed, match="a worker process died; try fewer --workers"):  # noqa: SIM117
+        with pool.worker_pool(1) as workers:
+            workers.submit(os._exit, 3).result()

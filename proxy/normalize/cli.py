@@ -114,22 +114,14 @@ def _run_jsonl(job: NormalizeJob, stdin: BinaryIO, stdout: BinaryIO, progress: P
     try:
         output = None if job.check else Output.open(job.output, stdout)
         run = _Run(output, progress, source.fraction)
-        broken: tuple[type[Exception], ...] = ()
-        if job.workers > 1:  # the pool's modules load only when there is a pool
-            from concurrent.futures.process import BrokenProcessPool
-
-            broken = (BrokenProcessPool,)
-        try:
-            normalize_jsonl(
-                source,
-                run.emit,
-                workers=job.workers,
-                validate=job.validate,
-                block_size=job.block_size,
-                write=output is not None,
-            )
-        except broken:
-            raise NormalizeFailed("a worker process died; try fewer --workers") from None
+        normalize_jsonl(
+            source,
+            run.emit,
+            workers=job.workers,
+            validate=job.validate,
+            block_size=job.block_size,
+            write=output is not None,
+        )
         if progress is not None:
             progress.done(run.tally.lines, run.done_bytes, 1.0 if source.size else None)
         if output is not None:
@@ -161,15 +153,7 @@ def _run_parquet(job: NormalizeJob, stdout: BinaryIO, progress: Progress | None)
                 run.step()
 
             sink = None if output is None else output.file
-            broken: tuple[type[Exception], ...] = ()
-            if job.workers > 1:
-                from concurrent.futures.process import BrokenProcessPool
-
-                broken = (BrokenProcessPool,)
-            try:
-                normalize_parquet(source, sink, step, validate=job.validate, workers=job.workers)
-            except broken:
-                raise NormalizeFailed("a worker process died; try fewer --workers") from None
+            normalize_parquet(source, sink, step, validate=job.validate, workers=job.workers)
             if progress is not None:
                 progress.done(run.tally.lines, run.done_bytes, 1.0)
             if output is not None:

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
+
+from proxy.normalize.files import NormalizeFailed
 
 if TYPE_CHECKING:
     from concurrent.futures import ProcessPoolExecutor
@@ -33,8 +37,18 @@ def _quiet_worker() -> None:
     gc.disable()
 
 
-def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """A pool of ``workers`` processes; use it as a context manager, which waits for them at the end."""
-    from concurrent.futures import ProcessPoolExecutor
+@contextmanager
+def worker_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``workers`` processes for the block; it waits for them at the end.
 
-    return ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_quiet_worker)
+    A worker that dies (killed, out of memory) breaks the pool: that is NormalizeFailed here,
+    the one place it is said, for JSONL and Parquet alike.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(workers, mp_context=pool_context(), initializer=_quiet_worker) as pool:
+            yield pool
+    except BrokenProcessPool:
+        raise NormalizeFailed("a worker process died; try fewer --workers") from None
