@@ -28,6 +28,8 @@ __all__ = [
     "Detection",
     "NvidiaGpu",
     "Probes",
+    "NO_AMX_FLAGS",
+    "PORTABLE_FLAG",
     "RPC_FLAG",
     "SystemProbes",
     "build_plan",
@@ -39,6 +41,7 @@ __all__ = [
     "parse_rocminfo",
     "parse_sycl_ls",
     "parse_vulkaninfo",
+    "truthy",
     "visible_cuda_gpus",
 ]
 
@@ -334,6 +337,19 @@ def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None 
 
 
 RPC_FLAG = "-DGGML_RPC=ON"
+NO_AMX_FLAGS = ("-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8")
+"""x86 builds leave out llama.cpp's AMX weight buffer (its first matrix multiply segfaults, llama.cpp #20824).
+
+``-march=native`` on a Sapphire Rapids-class Xeon turns on ``__AMX_INT8__``,
+which compiles in the AMX buffer type that takes the weights at load. An
+explicit ``-mno-amx-int8`` wins over what ``-march`` implies, whatever the order,
+so the native build keeps AVX-512, VNNI and the other repacked CPU kernels and
+loses only the AMX path. ``TOOLPAIR_ENGINE_AMX=1`` (``engine install --amx``)
+builds it in again, once llama.cpp fixes it.
+"""
+PORTABLE_FLAG = "-DGGML_NATIVE=OFF"
+"""A build to run on other machines: llama.cpp's x86-64-v3 baseline (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX)."""
+_X86 = frozenset({"x86_64", "amd64", "i386", "i686"})
 
 
 @dataclass(frozen=True)
@@ -356,12 +372,40 @@ def _setvars_env(probes: Probes) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
-def build_plan(detection: Detection, env: Mapping[str, str], probes: Probes) -> BuildPlan:
-    """CMake flags and environment for ``detection.backend``; the user's ``CMAKE_ARGS`` come last."""
+def truthy(value: str | None) -> bool:
+    """An environment switch: ``1``, ``true``, ``yes`` or ``on``.
+
+    >>> truthy("On"), truthy("0"), truthy(None)
+    (True, False, False)
+    """
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_plan(
+    detection: Detection,
+    env: Mapping[str, str],
+    probes: Probes,
+    *,
+    portable: bool | None = None,
+    amx: bool | None = None,
+) -> BuildPlan:
+    """CMake flags and environment for ``detection.backend``; the user's ``CMAKE_ARGS`` come last.
+
+    ``portable`` (default ``TOOLPAIR_ENGINE_PORTABLE``) builds for llama.cpp's
+    baseline CPU instead of this one's, for images and other machines. ``amx``
+    (default ``TOOLPAIR_ENGINE_AMX``) keeps llama.cpp's AMX weight path in a
+    native x86 build; see :data:`NO_AMX_FLAGS`.
+    """
     backend = detection.backend
     extra = tuple(env.get("CMAKE_ARGS", "").split())
+    portable = truthy(env.get("TOOLPAIR_ENGINE_PORTABLE")) if portable is None else portable
+    amx = truthy(env.get("TOOLPAIR_ENGINE_AMX")) if amx is None else amx
     # Every build can split a model across `toolpair rpc-worker` machines (llama.cpp RPC).
-    common = (RPC_FLAG,)
+    common: tuple[str, ...] = (RPC_FLAG,)
+    if portable:
+        common += (PORTABLE_FLAG,)
+    elif not amx and probes.platform()[1].lower() in _X86:
+        common += NO_AMX_FLAGS
     build_env: dict[str, str] = {}
     problems: list[str] = []
     if backend is Backend.CPU:

@@ -416,14 +416,19 @@ def install_engine(
     probes: Probes | None = None,
     cache: Path | None = None,
     rebuild: bool = False,
+    portable: bool | None = None,
+    amx: bool | None = None,
     out: TextIO = sys.stderr,
 ) -> EngineRecord:
-    """Build (or reuse) and install llama-cpp-python for ``backend`` into ``python``'s environment."""
+    """Build (or reuse) and install llama-cpp-python for ``backend`` into ``python``'s environment.
+
+    ``portable`` and ``amx`` choose the CPU code (see :func:`build_plan`).
+    """
     env = os.environ if env is None else env
     probes = probes or SystemProbes()
     detection = detect_backend(env, probes, explicit=backend)
     _say(out, f"engine backend: {detection.backend.value} ({detection.reason})")
-    plan = build_plan(detection, env, probes)
+    plan = build_plan(detection, env, probes, portable=portable, amx=amx)
     for problem in plan.problems:
         _say(out, f"warning: {problem}")
     directory = build_directory(detection.backend, plan.cmake_args, cache)

@@ -298,6 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     install.add_argument("--backend", choices=BACKEND_CHOICES, help="default: engine_backend setting (auto)")
     install.add_argument("--rebuild", action="store_true", help="build again even if a cached wheel fits")
+    install.add_argument(
+        "--portable",
+        action="store_true",
+        default=None,
+        help="build for llama.cpp's baseline CPU (x86-64-v3) instead of this one, to run elsewhere "
+        "(also TOOLPAIR_ENGINE_PORTABLE=1)",
+    )
+    install.add_argument(
+        "--amx",
+        action="store_true",
+        default=None,
+        help="keep llama.cpp's AMX weight path, left out by default since it crashes (llama.cpp #20824; "
+        "also TOOLPAIR_ENGINE_AMX=1)",
+    )
     install.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
     detect = engine_commands.add_parser("detect", help="show the backend this machine would get, and why")
     detect.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
@@ -462,7 +476,7 @@ def _run_engine(args: argparse.Namespace) -> int:
             print(f"warning: {problem}")
         return 0
     try:
-        install_engine(settings.engine_backend, rebuild=args.rebuild)
+        install_engine(settings.engine_backend, rebuild=args.rebuild, portable=args.portable, amx=args.amx)
     except (InstallError, ValueError) as exc:
         print(f"toolpair: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine_launcher.backends import (
+    NO_AMX_FLAGS,
+    PORTABLE_FLAG,
     RPC_FLAG,
     Backend,
     Detection,
@@ -190,10 +192,11 @@ def test_build_plans_per_backend() -> None:
     }
     for backend, (args, extra_env) in cases.items():
         plan = build_plan(Detection(backend, "test"), {}, FakeProbes(tools=tools))
-        assert plan.cmake_args == (RPC_FLAG, *args) and plan.problems == ()  # every backend can use RPC workers
-        assert plan.env == {"CMAKE_ARGS": " ".join((RPC_FLAG, *args)), **extra_env}
+        # every backend can use RPC workers, and an x86 build leaves out the AMX weight path
+        assert plan.cmake_args == (RPC_FLAG, *NO_AMX_FLAGS, *args) and plan.problems == ()
+        assert plan.env == {"CMAKE_ARGS": " ".join((RPC_FLAG, *NO_AMX_FLAGS, *args)), **extra_env}
     hip = build_plan(Detection(Backend.HIP, "test", ("gfx1100", "gfx90a")), {}, hip_probes)
-    assert hip.cmake_args == (RPC_FLAG, "-DGGML_HIP=on", "-DAMDGPU_TARGETS=gfx1100;gfx90a")
+    assert hip.cmake_args == (RPC_FLAG, *NO_AMX_FLAGS, "-DGGML_HIP=on", "-DAMDGPU_TARGETS=gfx1100;gfx90a")
     assert hip.env["HIPCXX"] == "/opt/rocm/llvm/bin/clang" and hip.env["HIP_PATH"] == "/opt/rocm"
     assert "GGML_HIPBLAS" not in hip.env["CMAKE_ARGS"]  # the old flag is ignored by llama.cpp now
 
@@ -202,7 +205,23 @@ def test_the_users_cmake_args_come_last() -> None:
     plan = build_plan(
         Detection(Backend.CUDA, "test"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, FakeProbes(tools=["nvcc"])
     )
-    assert plan.env["CMAKE_ARGS"] == "-DGGML_RPC=ON -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90"
+    assert plan.env["CMAKE_ARGS"] == " ".join(
+        ("-DGGML_RPC=ON", *NO_AMX_FLAGS, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90")
+    )
+
+
+def test_cpu_code_amx_and_portable_choices() -> None:
+    """Native x86 builds leave out AMX unless asked; a portable build is llama.cpp's baseline; Arm is untouched."""
+    cpu = Detection(Backend.CPU, "t")
+    x86, arm = FakeProbes(tools=["c++"]), FakeProbes(tools=["c++"], platform=("Linux", "aarch64"))
+    assert build_plan(cpu, {}, x86).cmake_args == (RPC_FLAG, *NO_AMX_FLAGS)
+    assert build_plan(cpu, {}, x86, amx=True).cmake_args == (RPC_FLAG,)
+    assert build_plan(cpu, {"TOOLPAIR_ENGINE_AMX": "1"}, x86).cmake_args == (RPC_FLAG,)
+    assert build_plan(cpu, {}, arm).cmake_args == (RPC_FLAG,)  # -mno-amx-int8 is not an Arm compiler flag
+    for probes in (x86, arm):
+        assert build_plan(cpu, {}, probes, portable=True).cmake_args == (RPC_FLAG, PORTABLE_FLAG)
+        assert build_plan(cpu, {"TOOLPAIR_ENGINE_PORTABLE": "yes"}, probes).cmake_args == (RPC_FLAG, PORTABLE_FLAG)
+    assert build_plan(cpu, {"TOOLPAIR_ENGINE_PORTABLE": "1"}, x86, portable=False).cmake_args[1:] == NO_AMX_FLAGS
 
 
 def test_missing_prerequisites_are_named_before_the_build() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from engine_launcher import install
-from engine_launcher.backends import RPC_FLAG, Backend, BuildPlan, Detection, build_plan
+from engine_launcher.backends import NO_AMX_FLAGS, RPC_FLAG, Backend, BuildPlan, Detection, build_plan
 from engine_launcher.install import (
     LLAMA_CPP_VERSION,
     BuildProgress,
@@ -172,11 +172,11 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the stand-in wheel needs nothing from an index
     python = str(venv / "bin" / "python")
     cache = tmp_path / "cache"
-    wheel = fake_llama_wheel(build_directory(Backend.CPU, [RPC_FLAG], cache))
+    wheel = fake_llama_wheel(build_directory(Backend.CPU, [RPC_FLAG, *NO_AMX_FLAGS], cache))
     out = io.StringIO()
     record = install_engine("cpu", python=python, cache=cache, probes=FakeProbes(), out=out)
     assert (record.backend, record.version, record.gpu_offload) == ("cpu", LLAMA_CPP_VERSION, False)
-    assert record.wheel == str(wheel) and record.cmake_args == [RPC_FLAG]
+    assert record.wheel == str(wheel) and record.cmake_args == [RPC_FLAG, *NO_AMX_FLAGS]
     assert record.rpc_server is None and "no rpc-server source next to the wheel" in out.getvalue()
     assert f"using the cached wheel {wheel}" in out.getvalue()
     assert read_record(venv / "share" / "toolpair" / "engine.json") == record
@@ -207,7 +207,8 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
 
     monkeypatch.setenv("FAKE_LLAMA_GPU", "1")
     cuda = install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
-    assert (cuda.backend, cuda.gpu_offload, cuda.cmake_args) == ("cuda", True, [RPC_FLAG, "-DGGML_CUDA=on"])
+    assert (cuda.backend, cuda.gpu_offload) == ("cuda", True)
+    assert cuda.cmake_args == [RPC_FLAG, *NO_AMX_FLAGS, "-DGGML_CUDA=on"]
     assert built == [Backend.CUDA]  # the cuda wheel is now cached and reused
 
 
