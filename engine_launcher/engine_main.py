@@ -15,18 +15,26 @@ restoring a state see the logits array as its first row only, so a saved state
 carries one row (1 MiB) instead of up to n_batch rows, and neither step copies
 or writes the rest. And the cache counts each entry's logits and token arrays
 against its bound, so ``cache_size`` is what the cache holds.
+
+Also here, before the model loads: :func:`keep_weights_off_amx`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
+import os
 import runpy
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["bound_prompt_cache", "main"]
+from engine_launcher.backends import truthy
+
+__all__ = ["bound_prompt_cache", "extra_buffer_types", "keep_weights_off_amx", "load_without_extra_buffers", "main"]
+
+AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
 
 
 def bound_prompt_cache() -> None:
@@ -68,12 +76,78 @@ def _first_logits_row(model: Any) -> Iterator[None]:
         model.scores = scores
 
 
+def extra_buffer_types() -> list[str]:
+    """The names of the CPU backend's extra weight buffer types in the loaded ggml (``AMX``, ``CPU_REPACK``, ...).
+
+    ggml lists AMX only when it was compiled in and this CPU has AMX, so its
+    presence alone says the crash below can happen here.
+    """
+    ggml: Any = importlib.import_module("llama_cpp._ggml").libggml
+    ggml.ggml_backend_dev_by_type.restype, ggml.ggml_backend_dev_by_type.argtypes = ctypes.c_void_p, [ctypes.c_int]
+    ggml.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    get_proc = ggml.ggml_backend_reg_get_proc_address
+    get_proc.restype, get_proc.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    ggml.ggml_backend_buft_name.restype, ggml.ggml_backend_buft_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    device = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not device:
+        return []
+    address = get_proc(ggml.ggml_backend_dev_backend_reg(device), b"ggml_backend_dev_get_extra_bufts")
+    if not address:
+        return []
+    listing = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(device)
+    names: list[str] = []
+    while listing and listing[len(names)]:
+        names.append(ggml.ggml_backend_buft_name(listing[len(names)]).decode())
+    return names
+
+
+def load_without_extra_buffers() -> None:
+    """Make every model this process loads keep its weights in plain CPU buffers (``use_extra_bufts = false``)."""
+    api: Any = importlib.import_module("llama_cpp.llama_cpp")
+    defaults = api.llama_model_default_params
+
+    def without_extra_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = without_extra_buffers
+
+
+def keep_weights_off_amx(
+    environ: dict[str, str] | os._Environ[str] = os.environ,
+    buffer_types: Callable[[], list[str]] = extra_buffer_types,
+) -> bool:
+    """Load weights without extra buffer types where llama.cpp would put them in AMX; True when it did.
+
+    llama.cpp repacks weights into its AMX buffer on CPUs with AMX, and the first
+    matrix multiply there segfaults (llama.cpp #20824). toolpair's own builds
+    leave AMX out (see ``engine_launcher.backends.NO_AMX_FLAGS``); this covers an
+    engine built elsewhere with it in. ``use_extra_bufts = false`` is the one
+    switch llama.cpp offers, and it also turns off the other repacked CPU
+    kernels, so it is used only where AMX is present. ``TOOLPAIR_ENGINE_AMX=1``
+    keeps AMX, for a llama.cpp that has fixed it.
+    """
+    if truthy(environ.get(AMX_SETTING)) or "AMX" not in buffer_types():
+        return False
+    load_without_extra_buffers()
+    print(
+        "toolpair: this CPU has AMX and this engine was built with llama.cpp's AMX weight path, which crashes "
+        f"(llama.cpp #20824): loading the weights without it ({AMX_SETTING}=1 keeps it)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m engine_launcher.engine_main MODULE [ARGS...]")
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     bound_prompt_cache()
+    keep_weights_off_amx()
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -19,10 +19,20 @@ failed   fail at once, with the reason and the engine's last log lines
 shutdown fail at once
 ======== ==================================================================
 
-The slow start (spawn, then poll the readiness URL until it answers, a
-deadline, or the child's exit) runs in a task the owner cancels when a stop
-arrives. Stopping sends SIGTERM to the child's process group, waits, then
-sends SIGKILL. On Linux the child also gets SIGKILL if toolpair dies without
+The slow start (spawn, poll the readiness URL until it answers, then send
+the warm-up request, all bounded by a deadline and the child's exit) runs in a
+task the owner cancels when a stop arrives. The warm-up makes the engine
+compute: an HTTP server that answers proves only that the model loaded, and
+the first matrix multiply is where a build for another CPU, or llama.cpp's AMX
+path, dies. "Ready" means it generated.
+
+An exit by a signal is diagnosed (:mod:`engine_launcher.crash`): the reason a
+failed start, a restart or a give-up reports names the signal, what the
+engine was doing, and for known causes what to do. :meth:`crash_since`
+hands the same diagnosis to a request the crash cut off.
+
+Stopping sends SIGTERM to the child's process group, waits, then sends
+SIGKILL. On Linux the child also gets SIGKILL if toolpair dies without
 stopping it (``PR_SET_PDEATHSIG``), so the engine never outlives toolpair.
 
 A crash after the engine was ready restarts it after an exponential backoff;
@@ -50,7 +60,17 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["ChildSpec", "EngineState", "EngineSupervisor", "EngineUnavailable", "RestartPolicy", "die_with_parent"]
+from engine_launcher.crash import Diagnosis, cpu_flags, diagnose
+
+__all__ = [
+    "ChildSpec",
+    "EngineState",
+    "EngineSupervisor",
+    "EngineUnavailable",
+    "RestartPolicy",
+    "Warmup",
+    "die_with_parent",
+]
 
 log = logging.getLogger("toolpair.engine")
 
@@ -71,12 +91,22 @@ class EngineUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class Warmup:
+    """A request the engine must answer with 200 before it counts as ready: a short generation."""
+
+    url: str
+    body: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class ChildSpec:
-    """The engine's command line, environment, and the URL that answers once it is ready."""
+    """The engine's command line, environment, the URL that answers once it loaded, and its warm-up."""
 
     argv: Sequence[str]
     ready_url: str
     env: Mapping[str, str] | None = None
+    warmup: Warmup | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +159,19 @@ class _Answered:
 
 
 @dataclass
+class _Warming:
+    """The engine loaded; its warm-up generation was sent."""
+
+    process: asyncio.subprocess.Process
+
+
+@dataclass
+class _WarmupFailed:
+    process: asyncio.subprocess.Process
+    reason: str
+
+
+@dataclass
 class _TimedOut:
     process: asyncio.subprocess.Process
 
@@ -139,7 +182,7 @@ class _Exited:
     code: int
 
 
-_Message = _Start | _EnsureReady | _Stop | _Launch | _Answered | _TimedOut | _Exited
+_Message = _Start | _EnsureReady | _Stop | _Launch | _Answered | _Warming | _WarmupFailed | _TimedOut | _Exited
 Listener = Callable[[EngineState, EngineState], None]
 
 
@@ -200,8 +243,11 @@ class EngineSupervisor:
         *,
         on_give_up: Callable[[str], None] | None = None,
         quote_requests: bool = False,
+        cpu: frozenset[str] | None = None,
     ) -> None:
         self.spec = spec
+        self._cpu = cpu_flags() if cpu is None else cpu
+        """This CPU's feature flags, for diagnosing a crash (``amx_int8``, ...)."""
         self._quote_requests = quote_requests
         self._hidden: int | None = None  # lines of a failed-request report left out so far
         self.policy = policy or RestartPolicy()
@@ -225,7 +271,11 @@ class EngineSupervisor:
         self._launched_at = 0.0
         self._ready_at = 0.0
         self._exit_reason: str | None = None
+        self._phase = ""
         self._reason = ""
+        self._crash: tuple[float, Diagnosis] | None = None
+        self._warm_from = 0.0
+        self._warmup_seconds: float | None = None
         self._lines: deque[str] = deque(maxlen=self.policy.log_lines)
 
     # --- read-only views, for health output and logs ---
@@ -246,6 +296,26 @@ class EngineSupervisor:
     def reason(self) -> str:
         """Why the engine failed, when it did."""
         return self._reason
+
+    @property
+    def warmup_seconds(self) -> float | None:
+        """How long the last start's warm-up generation took, once it answered."""
+        return self._warmup_seconds
+
+    async def crash_since(self, since: float, wait: float = 2.0) -> str | None:
+        """The diagnosis of a crash at or after ``since`` (``time.monotonic()``), waiting up to ``wait`` seconds.
+
+        A request cut off by the engine's death sees the broken connection
+        before the owner sees the exit: this lets its error say why.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            crash = self._crash
+            if crash is not None and crash[0] >= since:
+                return crash[1].what
+            if time.monotonic() >= deadline or self._state in (EngineState.SHUTDOWN, EngineState.STOPPING):
+                return None
+            await asyncio.sleep(0.05)
 
     def recent_log(self, lines: int = 20) -> list[str]:
         """The engine's last output lines, from its latest run."""
@@ -328,16 +398,36 @@ class EngineSupervisor:
         elif isinstance(message, _Launch):
             if state is EngineState.STARTING and self._process is None:
                 await self._spawn()
+        elif isinstance(message, _Warming):
+            if message.process is self._process and state is EngineState.STARTING:
+                self._phase = "during its warm-up generation"
+                self._warm_from = time.monotonic()
+        elif isinstance(message, _WarmupFailed):
+            if message.process is self._process and state is EngineState.STARTING:
+                self._exit_reason = message.reason
+                _signal_group(message.process, signal.SIGKILL)
         elif isinstance(message, _Answered):
             if message.process is self._process and state is EngineState.STARTING:
                 self._ready_at = time.monotonic()
                 self._ever_ready = True
-                log.info("engine ready in %.1fs (pid %d)", self._ready_at - self._launched_at, message.process.pid)
+                self._phase = "while serving requests"
+                warm = ""
+                if self.spec.warmup is not None:
+                    self._warmup_seconds = self._ready_at - self._warm_from
+                    warm = f", warm-up generation {self._warmup_seconds:.1f}s"
+                log.info(
+                    "engine ready in %.1fs (pid %d%s)", self._ready_at - self._launched_at, message.process.pid, warm
+                )
                 self._transition(EngineState.READY)
                 self._settle_waiters(None)
         elif isinstance(message, _TimedOut):
             if message.process is self._process and state is EngineState.STARTING:
-                self._exit_reason = f"did not answer {self.spec.ready_url} within {self.policy.start_timeout:g}s"
+                waited = (
+                    "its warm-up generation did not finish"
+                    if self._phase == "during its warm-up generation"
+                    else f"did not answer {self.spec.ready_url}"
+                )
+                self._exit_reason = f"{waited} within {self.policy.start_timeout:g}s"
                 _signal_group(message.process, signal.SIGKILL)
         elif message.process is self._process:
             await self._on_exit(message.process, message.code)
@@ -400,11 +490,12 @@ class EngineSupervisor:
                     done.set_result(None)
             self._stop_waiters.clear()
             return
-        reason = self._exit_reason or f"exited with status {code}" + (
-            " before it was ready" if state is EngineState.STARTING else ""
-        )
+        diagnosis = diagnose(code, list(self._lines), self._cpu, when=self._phase)
+        if self._exit_reason is None:
+            self._crash = (time.monotonic(), diagnosis)
+        reason = self._exit_reason or diagnosis.what
         self._exit_reason = None
-        await self._crashed(reason, was_ready=state is EngineState.READY)
+        await self._crashed(reason, was_ready=state is EngineState.READY, fix=diagnosis.fix)
 
     def _last_output(self) -> list[str]:
         """The engine's last lines, after any earlier ones that say what went wrong."""
@@ -412,11 +503,15 @@ class EngineSupervisor:
         earlier = [line for line in lines[:-_TAIL_LINES] if _WHY.search(line)][-5:]
         return [*earlier, "...", *lines[-_TAIL_LINES:]] if earlier else lines[-_TAIL_LINES:]
 
-    async def _crashed(self, reason: str, *, was_ready: bool) -> None:
-        tail = "\n".join(f"  | {line}" for line in self._last_output())
-        detail = f"engine {reason}" + (f"; its last output:\n{tail}" if tail else "")
+    async def _crashed(self, reason: str, *, was_ready: bool, fix: str = "") -> None:
+        # A known cause is said in two lines (what, and what to do); the engine's own last lines
+        # follow only where no cause is known, since they would bury the two that matter.
+        reason = reason.removeprefix("engine ")
+        tail = "" if fix else "\n".join(f"  | {line}" for line in self._last_output())
+        said = reason + (f"\n  {fix}" if fix else "") + (f"; its last output:\n{tail}" if tail else "")
+        detail = f"engine {said}"
         if not self._ever_ready:
-            self._give_up(f"the engine failed to start: {reason}" + (f"; its last output:\n{tail}" if tail else ""))
+            self._give_up(f"the engine failed to start: {said}")
             return
         if was_ready and time.monotonic() - self._ready_at >= self.policy.stable_after:
             self._failures = 0
@@ -452,6 +547,8 @@ class EngineSupervisor:
 
     async def _spawn(self) -> None:
         self._launched_at = time.monotonic()
+        self._phase = "while loading the model"
+        self._warmup_seconds = None
         self._lines.clear()
         try:
             process = await asyncio.create_subprocess_exec(
@@ -525,12 +622,43 @@ class EngineSupervisor:
                 try:
                     async with session.get(self.spec.ready_url) as response:
                         if response.status == 200:
-                            self._inbox.put_nowait(_Answered(process))
-                            return
+                            break
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     pass
                 await asyncio.sleep(self.policy.poll_interval)
-        self._inbox.put_nowait(_TimedOut(process))
+            else:
+                self._inbox.put_nowait(_TimedOut(process))
+                return
+            outcome: _Message | None = _Answered(process)
+            if self.spec.warmup is not None:
+                self._inbox.put_nowait(_Warming(process))
+                outcome = await self._warm_up(session, self.spec.warmup, process, deadline - time.monotonic())
+        if outcome is not None:
+            self._inbox.put_nowait(outcome)
+
+    @staticmethod
+    async def _warm_up(
+        session: aiohttp.ClientSession, warmup: Warmup, process: asyncio.subprocess.Process, budget: float
+    ) -> _Message | None:
+        """Send the warm-up generation and say how it went; None when the engine died (its exit tells)."""
+        try:
+            async with session.post(
+                warmup.url, data=warmup.body, headers=dict(warmup.headers), timeout=aiohttp.ClientTimeout(total=budget)
+            ) as response:
+                text = await response.text(errors="replace")
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            return _TimedOut(process)
+        except (aiohttp.ClientError, OSError):
+            # The connection broke, most likely because the engine died: wait for its exit,
+            # which says how (bounded, in case it lives on with its server broken).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), timeout=max(budget, 1.0))
+            if process.returncode is None:
+                return _WarmupFailed(process, "its warm-up generation broke off the connection")
+            return None
+        if response.status == 200:
+            return _Answered(process)
+        return _WarmupFailed(process, f"its warm-up generation answered HTTP {response.status}: {text[:300]}")
 
     async def _kill_after(self, process: asyncio.subprocess.Process, delay: float) -> None:
         await asyncio.sleep(delay)

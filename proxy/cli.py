@@ -21,7 +21,7 @@ from proxy.engine.plan import TOOL_CALL_FORMATS
 from proxy.normalize import cli as normalize_cli
 from proxy.ops.logs import setup_logging
 from proxy.ops.status import public_url
-from proxy.serve import plan_serve, run_serve
+from proxy.serve import check_engine, plan_serve, run_serve
 
 __all__ = ["build_parser", "main", "serve_settings"]
 
@@ -282,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     listening = serve.add_argument_group("listening, logging and the Responses store")
     _add_store_options(listening)
     _add_listen_options(listening)
+    serve.add_argument(
+        "--check",
+        action="store_true",
+        help="start the engine as serve would, have it generate a few tokens, say how that went and exit "
+        "(0: it generated; 1: it could not, and why)",
+    )
     serve.set_defaults(run=_run_serve)
     _add_rpc_worker_parser(commands)
 
@@ -426,6 +432,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     _setup_logging(settings)
     plan = plan_serve(settings)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        if args.check:
+            return runner.run(check_engine(settings, plan))
         return runner.run(run_serve(settings, plan))
 
 

@@ -29,6 +29,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,14 @@ from engine_launcher.launch import (
 from engine_launcher.machine import available_memory, gpu_free_memory, physical_cores, usable_cores
 from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
 from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
-from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
+from engine_launcher.process import (
+    ChildSpec,
+    EngineState,
+    EngineSupervisor,
+    EngineUnavailable,
+    RestartPolicy,
+    Warmup,
+)
 from engine_launcher.rpc import parse_endpoints
 from proxy import __version__
 from proxy.app import create_app
@@ -66,7 +74,17 @@ from proxy.errors import EngineUnavailableError
 from proxy.http.probes import READINESS
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot, overall_state
 
-__all__ = ["QUEUE", "SUPERVISORS", "ServePlan", "banner", "build_serve_app", "plan_serve", "run_serve"]
+__all__ = [
+    "QUEUE",
+    "SUPERVISORS",
+    "ServePlan",
+    "banner",
+    "build_serve_app",
+    "check_engine",
+    "engine_child",
+    "plan_serve",
+    "run_serve",
+]
 
 log = logging.getLogger("toolpair")
 
@@ -439,6 +457,22 @@ def banner(settings: Settings, plan: ServePlan) -> str:
     return "\n".join(lines)
 
 
+WARMUP_PATH = "/v1/completions"
+WARMUP_BODY = b'{"prompt": "Hello", "max_tokens": 4, "temperature": 0}'
+"""A few tokens through the engine's plainest generation path: enough that every kind of matrix
+multiply the model needs has run once, before the engine counts as ready."""
+
+
+def engine_child(launch: EngineLaunch) -> ChildSpec:
+    """How one managed engine is started, told apart from loaded, and proved able to generate."""
+    warmup = Warmup(
+        launch.url + WARMUP_PATH,
+        WARMUP_BODY,
+        {"Authorization": f"Bearer {launch.api_key}", "Content-Type": "application/json"},
+    )
+    return ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ), warmup)
+
+
 def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dict[str, Any]:
     status: dict[str, Any] = {
         "name": name,
@@ -506,8 +540,9 @@ def build_serve_app(
     members = []
     for index, launch in enumerate(plan.launches):
         name = f"engine-{index}"
-        spec = ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ))
-        engine = EngineSupervisor(spec, policy, on_give_up=engine_gave_up, quote_requests=settings.log_bodies)
+        engine = EngineSupervisor(
+            engine_child(launch), policy, on_give_up=engine_gave_up, quote_requests=settings.log_bodies
+        )
         engines[name] = engine
         # One engine is the app's own upstream; several are each a target of their own.
         target = EngineTarget(name, launch.url, launch.api_key) if plan.parallel else None
@@ -523,12 +558,18 @@ def build_serve_app(
         engine.add_listener(_follow(pool, name))
     # The managed engine is llama-cpp-python: adapt requests to it and extract its tool calls.
     settings = managed_settings(settings, plan)
+
+    async def explain_failure(name: str | None, sent_at: float) -> str | None:
+        engine = engines.get(name or "engine-0")
+        return None if engine is None else await engine.crash_since(sent_at)
+
     upstream = Upstream(
         plan.launch.url,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.upstream_read_timeout,
         api_key=plan.launch.api_key,
         reuses_connections=engine_setup(settings).profile.reuses_connections,
+        explain_failure=explain_failure,
     )
     app = create_app(settings, upstream, admission=pool)
     app[SUPERVISORS] = engines
@@ -579,6 +620,42 @@ def _follow(pool: EnginePool, name: str) -> Callable[[EngineState, EngineState],
     return changed
 
 
+async def _announce_ready(engines: dict[str, EngineSupervisor], out: TextIO) -> None:
+    """Say so once every engine has generated its warm-up tokens; a failed start is said by the give-up."""
+    try:
+        await asyncio.gather(*(engine.ensure_ready() for engine in engines.values()))
+    except EngineUnavailable:
+        return
+    warmup = max((engine.warmup_seconds or 0.0) for engine in engines.values())
+    print(f"  ready:          the engine generated its first tokens (warm-up {warmup:.1f}s)", file=out, flush=True)
+
+
+async def check_engine(settings: Settings, plan: ServePlan, *, out: TextIO = sys.stdout) -> int:
+    """``serve --check``: start the first engine as serve would, warm it up, say how it went; 0 when it generated.
+
+    The quick answer to "does the engine run on this machine": ``make test``
+    asks it before the suite, so a build that cannot compute here fails in
+    one line that names the cause instead of in every test that talks to it.
+    """
+    policy = RestartPolicy(start_timeout=settings.engine_start_timeout, stop_timeout=settings.engine_stop_timeout)
+    engine = EngineSupervisor(engine_child(plan.launch), policy, quote_requests=settings.log_bodies)
+    started = time.monotonic()
+    try:
+        await engine.ensure_ready()
+    except EngineUnavailable as exc:
+        print(f"toolpair serve --check: FAILED: {exc}", file=out, flush=True)
+        return 1
+    finally:
+        await engine.shutdown()
+    print(
+        f"toolpair serve --check: ok: the {plan.backend} engine loaded {plan.model_name} and generated "
+        f"(ready in {time.monotonic() - started:.1f}s, of which warm-up {engine.warmup_seconds or 0.0:.1f}s)",
+        file=out,
+        flush=True,
+    )
+    return 0
+
+
 async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.stdout) -> int:
     """Serve until SIGTERM or SIGINT (exit 0) or until the engine gives up (exit 1)."""
     stop = asyncio.Event()
@@ -601,6 +678,7 @@ async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.st
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
     print(banner(settings, plan), file=out, flush=True)
+    announcing = asyncio.create_task(_announce_ready(app[SUPERVISORS], out))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -609,6 +687,7 @@ async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.st
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)  # a second signal now ends toolpair at once
+        announcing.cancel()
     log.info(
         "shutting down: no new connections; requests in flight get %gs, then the engine stops",
         settings.shutdown_grace,

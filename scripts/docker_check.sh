@@ -7,7 +7,9 @@
 #   4. runs it with the bundled model and with a mounted model: each must reach /ready, answer a chat
 #      request, turn healthy, run as non-root and stop within the grace period on `docker stop`;
 #      a mounted model the container cannot read must fail with one clear line, not a traceback;
-#   5. prints the figures: build time, time to /ready, stop time, image size.
+#   5. runs the image's engine on an emulated older CPU (qemu-x86_64 -cpu Haswell, from Debian's
+#      qemu-user-static): the image is built portable, so it must generate there;
+#   6. prints the figures: build time, time to /ready, stop time, image size.
 #
 # Not part of `make test`: the image build alone takes about ten minutes on a small machine.
 # Settings (environment): DOCKER (client binary), IMAGE, DOCKER_CHECK_DIR (work files), DOCKER_CHECK_PORT.
@@ -24,6 +26,8 @@ NAME=toolpair-docker-check
 
 say() { printf '== %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+# Any other command that fails ends the script: say which, instead of stopping without a word.
+trap 'code=$?; fail "line $LINENO: \`$BASH_COMMAND\` exited with status $code"' ERR
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
 
@@ -31,10 +35,11 @@ mkdir -p "$WORK"
 cd "$ROOT"
 
 # --- 1. Docker itself -------------------------------------------------------------------------
-if [[ ! -x $DOCKER ]] || ! command -v debootstrap >/dev/null || ! command -v dockerd >/dev/null; then
-    say "installing docker.io and debootstrap"
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap
-    DOCKER=/usr/bin/docker
+if [[ ! -x $DOCKER ]] || ! command -v debootstrap >/dev/null || ! command -v dockerd >/dev/null \
+    || ! command -v qemu-x86_64-static >/dev/null; then
+    say "installing docker.io, debootstrap and qemu-user-static"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap qemu-user-static
+    [[ -x $DOCKER ]] || DOCKER=/usr/bin/docker
 fi
 if ! "$DOCKER" info >/dev/null 2>&1; then
     say "starting dockerd (log: $WORK/dockerd.log)"
@@ -68,10 +73,22 @@ for key, value in keep.items():
 EOF
 }
 
+# The first Debian mirror apt uses here, from either format (deb822 .sources, one-line .list), or
+# nothing: a machine may have either, both or none of them.
 mirror() {
-    { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
-      grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'
-    } | grep -v security | head -n1
+    python3 - <<'EOF'
+import glob
+found = []
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    found += [w for line in open(path) if line.startswith("URIs:") for w in line.split()[1:]]
+for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    found += [w for line in lines if line.startswith("deb ") for w in line.split()[1:] if "://" in w][:1]
+print(next((uri for uri in found if "security" not in uri), ""))
+EOF
 }
 
 if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1 && ! "$DOCKER" pull -q "$BASE_IMAGE" >/dev/null 2>&1; then
@@ -174,14 +191,22 @@ MOUNTED_READY=$READY_S MOUNTED_STOP=$STOP_S
 # A model the container's user cannot read: one clear line, no traceback.
 chmod 0600 "$MODELS/model.gguf"
 cleanup
-set +e
-LOG=$(timeout 120 "$DOCKER" run --name "$NAME" -v "$MODELS:/models:ro" "$IMAGE" --model /models/model.gguf 2>&1)
-CODE=$?
-set -e
+CODE=0
+LOG=$(timeout 120 "$DOCKER" run --name "$NAME" -v "$MODELS:/models:ro" "$IMAGE" --model /models/model.gguf 2>&1) \
+    || CODE=$?
 [[ $CODE != 0 ]] || fail "an unreadable model did not fail"
 grep -q Traceback <<<"$LOG" && { echo "$LOG" >&2; fail "an unreadable model gave a traceback"; }
 LINE=$(grep -F /models/model.gguf <<<"$LOG") || { echo "$LOG" >&2; fail "the error does not name the model file"; }
 say "unreadable model: exit $CODE, $(wc -l <<<"$LOG") line(s): $LINE"
+
+# --- 5. the image's engine on an older CPU -------------------------------------------------------
+OLD_CPU=${DOCKER_CHECK_OLD_CPU:-Haswell}
+started=$(now)
+EMULATED=$("$DOCKER" run --rm -v "$(command -v qemu-x86_64-static):/usr/local/bin/qemu-x86_64:ro" \
+    --entrypoint /usr/local/bin/qemu-x86_64 "$IMAGE" -cpu "$OLD_CPU" /opt/toolpair/venv/bin/python \
+    -m engine_launcher.speed "$MODEL_IN_IMAGE" --prompt-tokens 8 --gen-tokens 4 --repeats 1 2>&1) \
+    || { echo "$EMULATED" | tail -n 20 >&2; fail "the image's engine did not run on an emulated $OLD_CPU"; }
+say "the image's engine on an emulated $OLD_CPU: generated in $(since "$started")s: $(tail -n1 <<<"$EMULATED")"
 
 say "figures: build ${BUILD_S}s, image $SIZE, /ready ${BUNDLED_READY}s (bundled) ${MOUNTED_READY}s (mounted), \
 docker stop ${BUNDLED_STOP}s / ${MOUNTED_STOP}s"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from engine_launcher.launch import free_port
-from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy
+from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy, Warmup
 
 CHILD = Path(__file__).with_name("fake_engine_child.py")
 FAST = RestartPolicy(start_timeout=20, stop_timeout=5, max_restarts=3, backoff_base=0.01, backoff_max=0.05)
@@ -37,10 +37,19 @@ def alive(pid: int) -> bool:
 class Watched:
     """A supervisor plus the queue of states it moved to."""
 
-    def __init__(self, mode: str, policy: RestartPolicy = FAST, on_give_up: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        mode: str,
+        policy: RestartPolicy = FAST,
+        on_give_up: Callable[[str], None] | None = None,
+        warmup: bool = False,
+        cpu: frozenset[str] = frozenset(),
+    ):
         port = free_port()
-        spec = ChildSpec([sys.executable, str(CHILD), str(port), mode], f"http://127.0.0.1:{port}/docs")
-        self.engine = EngineSupervisor(spec, policy, on_give_up=on_give_up)
+        base = f"http://127.0.0.1:{port}"
+        warm = Warmup(base + "/v1/completions", b'{"prompt": "hi", "max_tokens": 2}', {}) if warmup else None
+        spec = ChildSpec([sys.executable, str(CHILD), str(port), mode], base + "/docs", warmup=warm)
+        self.engine = EngineSupervisor(spec, policy, on_give_up=on_give_up, cpu=cpu)
         self.states: asyncio.Queue[EngineState] = asyncio.Queue()
         self.seen: list[EngineState] = []
         self.engine.add_listener(lambda old, new: (self.seen.append(new), self.states.put_nowait(new)))
@@ -107,13 +116,74 @@ async def test_a_first_start_that_fails_gives_up_with_the_engines_last_lines(
     with pytest.raises(EngineUnavailable) as failure:
         await w.engine.ensure_ready()
     message = str(failure.value)
-    assert "exited with status 3 before it was ready" in message
+    assert "exited with status 3 while loading the model" in message
     assert "the model file is corrupt" in message
     assert w.engine.state is EngineState.FAILED and reasons == [message]
     # Failed is final: no new start, the same answer at once.
     with pytest.raises(EngineUnavailable, match="corrupt"):
         await w.engine.ensure_ready()
     assert w.seen == [EngineState.STARTING, EngineState.FAILED]
+
+
+async def test_ready_means_it_generated_and_a_crash_in_the_warm_up_is_named(
+    supervised: Callable[..., Watched],
+) -> None:
+    w = supervised("serve", warmup=True)
+    await w.engine.ensure_ready()
+    assert w.engine.warmup_seconds is not None  # it answered /docs, and then generated
+    # A build for another CPU: the HTTP server answers, the first generation dies with SIGILL.
+    reasons: list[str] = []
+    w = supervised("SIGILL", warmup=True, on_give_up=reasons.append)
+    with pytest.raises(EngineUnavailable) as failure:
+        await w.engine.ensure_ready()
+    first, fix = str(failure.value).splitlines()[:2]
+    assert first == (
+        "the engine failed to start: crashed with SIGILL (illegal instruction) during its warm-up generation: "
+        "it was built for another CPU and used an instruction this one lacks"
+    )
+    assert "toolpair engine install --rebuild" in fix and "--portable" in fix
+    assert w.engine.state is EngineState.FAILED and reasons == [str(failure.value)] and w.engine.pid is None
+    assert "its last output" not in reasons[0]  # a known cause is said in two lines, without the log dump
+
+
+@pytest.mark.parametrize("cpu", [frozenset({"amx_int8", "amx_tile"}), frozenset({"avx2"})])
+async def test_an_amx_crash_is_named_only_on_an_amx_cpu_with_amx_weights(
+    supervised: Callable[..., Watched], cpu: frozenset[str]
+) -> None:
+    w = supervised("SIGSEGV-amx", warmup=True, cpu=cpu)
+    with pytest.raises(EngineUnavailable) as failure:
+        await w.engine.ensure_ready()
+    message = str(failure.value)
+    assert "crashed with SIGSEGV (segmentation fault) during its warm-up generation" in message
+    if "amx_int8" in cpu:
+        assert "llama.cpp's AMX weight path crashes on this CPU (llama.cpp #20824)" in message
+        assert "TOOLPAIR_ENGINE_AMX" in message.splitlines()[1]
+    else:  # no known cause: the engine's own last lines follow
+        assert "AMX weight path" not in message and "its last output" in message
+
+
+async def test_a_warm_up_the_engine_refuses_fails_the_start(supervised: Callable[..., Watched]) -> None:
+    w = supervised("refuse", warmup=True)
+    with pytest.raises(EngineUnavailable, match=r"warm-up generation answered HTTP 500: .*no generation here"):
+        await w.engine.ensure_ready()
+    assert w.engine.state is EngineState.FAILED and w.engine.pid is None
+
+
+async def test_a_crash_while_serving_is_diagnosed_for_the_request_it_cut_off(
+    supervised: Callable[..., Watched],
+) -> None:
+    w = supervised("serve")
+    await w.engine.ensure_ready()
+    pid = w.engine.pid
+    assert pid is not None
+    w.forget()
+    before = time.monotonic()
+    assert await w.engine.crash_since(before, wait=0.05) is None  # nothing crashed
+    os.kill(pid, signal.SIGSEGV)
+    said = await w.engine.crash_since(before)
+    assert said == "engine crashed with SIGSEGV (segmentation fault) while serving requests"
+    await w.until(EngineState.READY)  # restarted after it
+    assert await w.engine.crash_since(time.monotonic(), wait=0.05) is None
 
 
 async def test_a_stop_during_a_slow_start_cancels_it_and_kills_the_child(supervised: Callable[..., Watched]) -> None:

@@ -11,6 +11,10 @@ engine gets ``Authorization: Bearer <api_key>`` and never the client's own
 ``Authorization`` or ``x-api-key``; with ``forward_credentials=False`` (toolpair
 checks keys of its own) the client's are dropped and none are sent.
 
+A managed engine can say why a connection broke (``explain_failure``: it
+crashed, by which signal, and why): the 502 then says so instead of only
+"Server disconnected".
+
 Every request and response also passes the current request's
 :class:`~proxy.ops.trace.Trace`, which notes time to first byte and token usage.
 """
@@ -18,7 +22,8 @@ Every request and response also passes the current request's
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -28,7 +33,11 @@ from multidict import CIMultiDict
 from proxy.errors import UpstreamError, UpstreamTimeoutError
 from proxy.ops.trace import Trace, current_trace
 
-__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "EngineTarget", "Upstream", "forwardable_headers"]
+__all__ = ["CREDENTIAL_HEADERS", "HOP_BY_HOP", "EngineTarget", "ExplainFailure", "Upstream", "forwardable_headers"]
+
+ExplainFailure = Callable[[str | None, float], Awaitable[str | None]]
+"""Called with the engine's name (None: the only one) and the ``time.monotonic()`` a broken request
+was sent at; answers why the engine went away (a crash diagnosis), or None."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +99,11 @@ class Upstream:
         api_key: str | None = None,
         forward_credentials: bool = True,
         reuses_connections: bool = True,
+        explain_failure: ExplainFailure | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._explain_failure = explain_failure
+        self._target: str | None = None
         self._api_key = api_key
         self._forward_credentials = forward_credentials
         self._reuses_connections = reuses_connections
@@ -125,6 +137,7 @@ class Upstream:
         view = copy.copy(self)
         view.base_url = target.base_url.rstrip("/")
         view._api_key = target.api_key
+        view._target = target.name
         return view
 
     async def close(self) -> None:
@@ -135,6 +148,13 @@ class Upstream:
     def _describe(self, exc: BaseException) -> str:
         detail = str(exc) or type(exc).__name__
         return f"upstream {self.base_url}: {detail}"
+
+    async def _explained(self, message: str, sent_at: float) -> str:
+        """``message``, led by the engine's own account of why it went away when it has one."""
+        if self._explain_failure is None:
+            return message
+        why = await self._explain_failure(self._target, sent_at)
+        return f"{why} ({message})" if why else message
 
     @asynccontextmanager
     async def open(
@@ -166,6 +186,7 @@ class Upstream:
         headers = self._next_hop_headers(headers, trace)
         if trace is not None:
             trace.upstream_request(body)
+        sent_at = time.monotonic()
         try:
             return await self._session.request(
                 method, self.base_url + path_qs, headers=headers, data=body, allow_redirects=False
@@ -175,7 +196,7 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamError(f"upstream {self.base_url} is unreachable: {exc.strerror or exc}") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError(self._describe(exc)) from exc
+            raise UpstreamError(await self._explained(self._describe(exc), sent_at)) from exc
 
     async def read(self, response: aiohttp.ClientResponse) -> bytes:
         """The whole body; a broken or silent upstream raises an UpstreamError."""
@@ -199,6 +220,7 @@ class Upstream:
         """Yield the body as it arrives; a broken or silent upstream raises an UpstreamError."""
         trace = current_trace()
         watch = None if trace is None else trace.watch(response.content_type, response.headers.get("Content-Encoding"))
+        reading_from = time.monotonic()
         try:
             async for chunk in response.content.iter_any():
                 if watch is not None:
@@ -207,4 +229,5 @@ class Upstream:
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeoutError(f"upstream {self.base_url} stopped sending") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"upstream {self.base_url} broke off the response: {exc}") from exc
+            message = f"upstream {self.base_url} broke off the response: {exc}"
+            raise UpstreamError(await self._explained(message, reading_from)) from exc
