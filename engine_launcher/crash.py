@@ -121,7 +121,7 @@ def diagnose(code: int, log: Sequence[str], flags: Iterable[str] = (), *, when: 
     if name == "SIGKILL" or (name == "SIGABRT" and any(_OOM.search(x) for x in log)):
         return Diagnosis(
             f"{head}, most likely by the kernel for running out of memory",
-            "give it less to hold: a smaller --ctx-size, fewer --parallel engines, --prompt-cache 0, "
+            "give it less to hold: a smaller --ctx-size, fewer --parallel engines, --prompt-cache-size 0, "
             "or a smaller model (`dmesg | grep -i oom` shows the kernel's word)",
             "oom",
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,6 +195,11 @@ async def test_serve_comes_up_answers_health_and_readiness_and_says_how_to_conne
     assert f'OpenAI(base_url="{served.url}/v1"' in banner
     assert f'Anthropic(base_url="{served.url}"' in banner and f"ANTHROPIC_BASE_URL={served.url}" in banner
     assert "n_ctx 4096" in banner and "chatml-tools.json" in banner
+    # Ready means the engine generated: its warm-up came before /ready, and serve says so once it did.
+    async with asyncio.timeout(10):
+        while "the engine generated its first tokens (warm-up" not in served.stdout.read_text():
+            await asyncio.sleep(0.05)
+    assert "warm-up generation" in served.log()
     print(f"\nserve start-up to ready: {served.started_in:.2f}s")
 
 
@@ -348,7 +354,8 @@ async def test_a_killed_engine_gives_a_clean_error_and_comes_back(served: Served
         await stream.__anext__()
         killed = time.monotonic()
         os.kill(engine, signal.SIGKILL)
-        with pytest.raises(openai.APIError, match="broke off the response"):
+        # The client is told the engine crashed, and how, not only that the connection broke.
+        with pytest.raises(openai.APIError, match=r"engine crashed with SIGKILL \(killed\) .*broke off the response"):
             async for _ in stream:
                 pass
         async with asyncio.timeout(120):
@@ -391,6 +398,29 @@ async def test_shutdown_lets_the_running_stream_finish_and_leaves_no_engine(serv
 
 
 # --- start-up failures, each with its own short-lived server ----------------------------------------
+
+
+def test_serve_check_has_the_engine_generate_and_says_why_when_it_cannot(tmp_path: Path) -> None:
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "proxy", "serve", "--check", "--ctx-size", "1024", *args],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+
+    done = check()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert re.fullmatch(
+        r"toolpair serve --check: ok: the cpu engine loaded \S+ and generated "
+        r"\(ready in \d+\.\d+s, of which warm-up \d+\.\d+s\)\n",
+        done.stdout,
+    ), done.stdout
+    truncated = tmp_path / "truncated.gguf"
+    with bundled_model().open("rb") as source:
+        truncated.write_bytes(source.read(8 << 20))
+    done = check("--model", str(truncated))
+    assert done.returncode == 1
+    assert done.stdout.startswith("toolpair serve --check: FAILED: the engine failed to start: exited with status")
+    assert "Traceback" not in done.stdout + done.stderr
 
 
 def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
