@@ -1,0 +1,44 @@
+"""Crash diagnosis: an exit status, the engine's last lines and the CPU's flags in, one or two lines out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_launcher.crash import cpu_flags, diagnose, signal_name
+
+AMX_LOG = ["load_tensors:          AMX model buffer size =   213.91 MiB", "graph_reserve: ..."]
+AMX_CPU = {"avx512f", "amx_tile", "amx_int8", "amx_bf16"}
+
+
+def test_signals_by_name_in_either_spelling() -> None:
+    assert [signal_name(c) for c in (-11, -4, -9, 139, 132, 0, 1, 3)] == [
+        "SIGSEGV", "SIGILL", "SIGKILL", "SIGSEGV", "SIGILL", None, None, None,
+    ]  # fmt: skip
+
+
+def test_the_amx_crash_needs_all_three_signs() -> None:
+    amx = diagnose(-11, AMX_LOG, AMX_CPU, when="during its warm-up generation")
+    assert amx.cause == "amx" and "llama.cpp #20824" in amx.what and "TOOLPAIR_ENGINE_AMX" in amx.fix
+    assert str(amx).count("\n") == 1  # two lines
+    assert diagnose(-11, AMX_LOG, {"avx2"}).cause == ""  # no AMX on this CPU
+    assert diagnose(-11, ["graph_reserve: ..."], AMX_CPU).cause == ""  # weights not in the AMX buffer
+    assert diagnose(-4, AMX_LOG, AMX_CPU).cause == "cpu"  # SIGILL is SIGILL
+
+
+def test_other_known_causes() -> None:
+    assert diagnose(-9, []).cause == "oom" and "out of memory" in diagnose(-9, []).what
+    assert diagnose(-6, ["ggml_aligned_malloc: insufficient memory (out of memory)"]).cause == "oom"
+    abort = diagnose(-6, ["llama.cpp/ggml/src/ggml.c:1520: GGML_ASSERT(n_dims <= 4) failed"])
+    assert abort.cause == "assert" and abort.what.endswith("GGML_ASSERT(n_dims <= 4) failed")
+    assert diagnose(-7, []).cause == "bus"
+    unknown = diagnose(-11, [], when="while serving requests")
+    assert unknown == type(unknown)("engine crashed with SIGSEGV (segmentation fault) while serving requests")
+    assert diagnose(2, []).what == "engine exited with status 2"
+
+
+def test_cpu_flags_from_proc_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Xeon\nflags\t\t: fpu avx512f amx_tile amx_int8\n\nprocessor\t: 1\n")
+    assert cpu_flags(info) == {"fpu", "avx512f", "amx_tile", "amx_int8"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+    assert isinstance(cpu_flags(), frozenset)  # this machine's, whatever it has
