@@ -80,8 +80,8 @@ def test_loading_without_extra_buffers_keeps_the_weights_out_of_the_repacked_buf
         )
         assert done.returncode == 0, done.stderr[-2000:]
         logs[mode] = done.stderr
-    assert "CPU_REPACK model buffer size" in logs["on"]
-    assert "CPU_REPACK" not in logs["off"] and "CPU model buffer size" in logs["off"]
+    assert "CPU_REPACK model buffer size" in logs["on"] and "repack: repack tensor" in logs["on"]
+    assert "CPU_REPACK model buffer size" not in logs["off"] and "repack: repack tensor" not in logs["off"]
 
 
 def test_the_speed_probe_generates_and_reports_tokens_per_second() -> None:
