@@ -35,9 +35,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError, nodes
+from jinja2 import Template, TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -216,6 +217,12 @@ def _environment(renderer: Renderer) -> ImmutableSandboxedEnvironment:
     return environment
 
 
+@lru_cache(maxsize=4)
+def _compiled(text: str, renderer: Renderer) -> Template:
+    """Compiled once for the three renderings of a check; a long template takes a while to compile."""
+    return _environment(renderer).from_string(text)
+
+
 def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if not calls:
@@ -235,7 +242,7 @@ def render(
     ...                       RenderStyle.TOKENIZER_CONFIG), [{"role": "user"}])
     '[user][assistant]'
     """
-    template = _environment(renderer).from_string(source.text)
+    template = _compiled(source.text, renderer)
     if renderer is Renderer.LLAMA_CPP_PYTHON and source.style is RenderStyle.TOKENIZER_CONFIG:
         opened = [*messages, {"role": "assistant", "content": ""}]
         return template.render(messages=opened, bos_token=source.bos_token, eos_token=source.eos_token)
