@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,11 @@ survey = _survey()
 def templates() -> Path:
     """llama.cpp's models/templates, fetched from the pinned sdist on first use and cached."""
     return Path(survey.fetch_templates())
+
+
+@pytest.fixture(scope="session")
+def surveyed(templates: Path) -> list[Any]:
+    return list(survey.survey(templates))
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
@@ -240,11 +246,25 @@ def test_a_file_that_is_no_template_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stdout + done.stderr
 
 
-def test_the_survey_counts_what_it_lists(templates: Path) -> None:
-    rows = survey.survey(templates)
+def test_the_survey_counts_what_it_lists(surveyed: list[Any]) -> None:
+    rows = surveyed
+    assert survey.summary(rows)["transformers"][survey.Pairing.POSITION] > len(rows) // 2
     assert len(rows) >= 60
     table = survey.markdown(rows)
     listed = [line for line in table.splitlines() if line.startswith("| ") and line.count("|") == 4]
     assert len(listed) - 1 == len(rows)  # the header row, then one per template
     position = sum(1 for _, as_hf, _ in rows if as_hf.pairing.value == "position")
     assert f"**{position} of the" in table
+
+
+def test_docs_templates_md_is_what_the_survey_writes_and_the_readme_quotes_its_count(surveyed: list[Any]) -> None:
+    rows = surveyed
+    table = survey.markdown(rows)
+    assert (ROOT / "docs" / "templates.md").read_text(encoding="utf-8") == table, (
+        "docs/templates.md is stale: run python bench/template_survey.py"
+    )
+    counts = survey.summary(rows)["transformers"]
+    rendering = sum(counts[p] for p in survey.RENDERS_PAIRS)
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"of the {rendering} released models' chat templates" in readme
+    assert f"**{counts[survey.Pairing.POSITION]} tie each result to its call by position only**" in readme
