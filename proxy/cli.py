@@ -556,11 +556,13 @@ def _run_check_template(args: argparse.Namespace) -> int:
         print(f"  the template says: {verdict.detail}")
     if other is not None and other.exit_status != 2:
         print(
-            f"  llama-cpp-python's plain Jinja cannot render it: toolpair serve would fail on requests with tool "
-            f"calls (give it a template it can render with --chat-template-file). Rendered the way transformers "
-            f"renders it (vLLM; llama-server --jinja follows its dialect): {other.pairing.value}: "
-            f"{headline(other.pairing)}"
+            _wrapped(
+                "llama-cpp-python's plain Jinja cannot render it: toolpair serve would fail on requests with tool "
+                "calls (give it a template it can render with --chat-template-file). Rendered the way transformers "
+                "renders it (vLLM; llama-server --jinja follows its dialect):"
+            )
         )
+        print(f"verdict as transformers renders it: {other.pairing.value}: {headline(other.pairing)}")
         print(_wrapped(meaning(other.pairing)))
     else:
         print(_wrapped(meaning(verdict.pairing)))
