@@ -100,14 +100,16 @@ class Pairing(Enum):
 
 
 class RenderStyle(Enum):
-    """The two ways llama-cpp-python renders a Jinja template.
+    """The two ways llama-cpp-python (0.3.36) renders a Jinja template.
 
-    ``gguf``: the template in the model file (its ``Jinja2ChatFormatter``): ``add_generation_prompt``,
-    ``raise_exception``, ``strftime_now`` and the request's ``tools`` are given.
+    ``gguf``: the template in the model file, by its ``Jinja2ChatFormatter``: transformers' Jinja
+    dialect (``break``/``continue``, ``tojson`` with json.dumps' keywords, the ``generation`` tag),
+    given ``add_generation_prompt``, ``raise_exception``, ``strftime_now`` and the request's ``tools``.
     ``tokenizer-config``: a template file passed with ``--chat_format hf-tokenizer-config`` (what
-    ``toolpair serve`` does for ``--chat-template-file`` and for a model without a template): an
-    empty assistant message is appended to open the reply, and only ``messages``, ``bos_token``
-    and ``eos_token`` are given.
+    ``toolpair serve`` does for ``--chat-template-file`` and for a model without a template): plain
+    jinja2, an empty assistant message appended to open the reply, given ``messages``, ``bos_token``,
+    ``eos_token`` and the request's ``tools``, but no ``raise_exception`` and no ``add_generation_prompt``.
+    Either way the tool-call arguments stay the JSON strings the client sent.
     """
 
     GGUF = "gguf"
@@ -200,19 +202,18 @@ class _Generation(Extension):
 class Renderer(Enum):
     """Who renders the template.
 
-    ``llama-cpp-python``: the engine ``toolpair serve`` runs. Plain sandboxed jinja2, tool-call
-    arguments as the JSON strings the client sent.
+    ``llama-cpp-python``: the engine ``toolpair serve`` runs (see :class:`RenderStyle`); tool-call
+    arguments stay the JSON strings the client sent.
     ``transformers``: Hugging Face transformers' ``apply_chat_template``, which vLLM uses and whose
-    dialect llama-server's ``--jinja`` follows: arguments parsed into objects, ``break`` and
-    ``continue``, ``tojson`` with json.dumps' keywords, the ``generation`` tag.
+    dialect llama-server's ``--jinja`` follows: its Jinja dialect, and arguments parsed into objects.
     """
 
     LLAMA_CPP_PYTHON = "llama-cpp-python"
     TRANSFORMERS = "transformers"
 
 
-def _environment(renderer: Renderer) -> ImmutableSandboxedEnvironment:
-    if renderer is Renderer.LLAMA_CPP_PYTHON:
+def _environment(hf_dialect: bool) -> ImmutableSandboxedEnvironment:
+    if not hf_dialect:
         return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     environment = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation]
@@ -222,9 +223,9 @@ def _environment(renderer: Renderer) -> ImmutableSandboxedEnvironment:
 
 
 @lru_cache(maxsize=4)
-def _compiled(text: str, renderer: Renderer) -> Template:
+def _compiled(text: str, hf_dialect: bool) -> Template:
     """Compiled once for the three renderings of a check; a long template takes a while to compile."""
-    return _environment(renderer).from_string(text)
+    return _environment(hf_dialect).from_string(text)
 
 
 def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
@@ -246,10 +247,18 @@ def render(
     ...                       RenderStyle.TOKENIZER_CONFIG), [{"role": "user"}])
     '[user][assistant]'
     """
-    template = _compiled(source.text, renderer)
-    if renderer is Renderer.LLAMA_CPP_PYTHON and source.style is RenderStyle.TOKENIZER_CONFIG:
-        opened = [*messages, {"role": "assistant", "content": ""}]
-        return template.render(messages=opened, bos_token=source.bos_token, eos_token=source.eos_token)
+    tokenizer_config = renderer is Renderer.LLAMA_CPP_PYTHON and source.style is RenderStyle.TOKENIZER_CONFIG
+    template = _compiled(source.text, hf_dialect=not tokenizer_config)
+    if tokenizer_config:
+        return template.render(
+            messages=[*messages, {"role": "assistant", "content": ""}],
+            bos_token=source.bos_token,
+            eos_token=source.eos_token,
+            functions=None,
+            function_call=None,
+            tools=[TOOL],
+            tool_choice=None,
+        )
     if renderer is Renderer.TRANSFORMERS:
         messages = [_parsed_arguments(m) for m in messages]
     return template.render(

@@ -111,13 +111,26 @@ def test_the_command_gives_each_real_template_its_verdict_and_exit_status(
 
 
 def test_the_llama_cpp_python_failures_are_told_with_the_verdict_other_engines_get(templates: Path) -> None:
-    # Kimi K3 uses {%- break -%}, a tag plain jinja2 (llama-cpp-python's) does not know.
-    done = check("--template", str(templates / "Kimi-K3.jinja"))
+    # Qwen3-Coder walks tool_call.arguments|items: llama-cpp-python passes the arguments as a JSON string
+    done = check("--template", str(templates / "Qwen3-Coder.jinja"))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "verdict: fails:" in done.stdout
-    assert "unknown tag 'break'" in done.stdout
-    assert "self-ordered" in done.stdout  # the answer for vLLM and llama-server users
+    assert "Can only get item pairs from a mapping" in done.stdout
+    assert "verdict as transformers renders it: position:" in done.stdout  # the answer for vLLM users
     assert "Traceback" not in done.stderr
+
+
+def test_a_template_file_is_rendered_with_plain_jinja_as_the_engine_renders_it(
+    templates: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Kimi K3 uses {%- break -%}: the engine's Jinja2ChatFormatter knows it, hf-tokenizer-config's plain jinja2 not
+    config = tmp_path / "tokenizer_config.json"
+    text = (templates / "Kimi-K3.jinja").read_text()
+    config.write_text(json.dumps({"chat_template": text, "bos_token": "<s>", "eos_token": "</s>"}))
+    code, out = check_here(capsys, "--template", str(config))
+    assert code == 2
+    assert "unknown tag 'break'" in out
+    assert "verdict as transformers renders it: self-ordered:" in out
 
 
 def test_a_template_that_cannot_render_parallel_calls_says_so_in_its_own_words(templates: Path) -> None:
@@ -133,7 +146,8 @@ def test_a_template_that_cannot_render_parallel_calls_says_so_in_its_own_words(t
         ("Qwen-Qwen2.5-7B-Instruct", "position"),
         ("mistralai-Mistral-Nemo-Instruct-2407", "id"),
         ("Qwen3-Coder", "fails"),  # tool_call.arguments|items on the JSON string llama-cpp-python passes
-        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "fails"),  # {% break %}
+        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "id-mapped"),
+        ("Kimi-K3", "self-ordered"),  # {% break %}: the engine's formatter has jinja2's loop controls
         ("meta-llama-Llama-3.1-8B-Instruct", "no-parallel"),
     ],
 )
