@@ -50,6 +50,7 @@ __all__ = [
     "RenderStyle",
     "Renderer",
     "TemplateSource",
+    "TOOL",
     "TemplateVerdict",
     "check_template",
     "conversation",

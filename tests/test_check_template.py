@@ -21,6 +21,8 @@ import pytest
 
 from engine_launcher import models
 from engine_launcher.template_check import (
+    TOOL,
+    Pairing,
     Renderer,
     RenderStyle,
     TemplateSource,
@@ -157,25 +159,38 @@ def test_rendered_as_llama_cpp_python_renders(templates: Path, name: str, as_lla
 
 
 def test_the_renderer_renders_a_gguf_template_as_llama_cpp_pythons_own_formatter(templates: Path) -> None:
-    """The check renders what the engine would: compare with llama-cpp-python's Jinja2ChatFormatter."""
+    """The check renders what the engine would: compared with llama-cpp-python's Jinja2ChatFormatter."""
     chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
-    text = (templates / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
-    messages = conversation((1, 0))
+    for name in ("Qwen-Qwen2.5-7B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Kimi-K3"):
+        text = (templates / f"{name}.jinja").read_text()
+        for order in ((0, 1), (1, 0)):
+            messages = conversation(order)
+            formatter = chat_format.Jinja2ChatFormatter(template=text, eos_token="</s>", bos_token="<s>")
+            theirs = formatter(messages=messages, tools=[TOOL])
+            assert render(TemplateSource(text), messages) == theirs.prompt, name
+    # and fails where it fails: Qwen3-Coder walks the arguments, which the engine leaves a JSON string
+    text = (templates / "Qwen3-Coder.jinja").read_text()
     formatter = chat_format.Jinja2ChatFormatter(template=text, eos_token="</s>", bos_token="<s>")
-    theirs = formatter(messages=messages, tools=[{"type": "function", "function": {"name": "get_weather"}}])
-    ours = render(TemplateSource(text), messages)
-    # the tool list differs (ours has a description and parameters); the conversation must not
-    assert ours.split("</tools>")[1] == theirs.prompt.split("</tools>")[1]
+    with pytest.raises(TypeError, match="item pairs"):
+        formatter(messages=conversation((0, 1)), tools=[TOOL])
+    assert check_template(template_from_file_text(text)).pairing is Pairing.FAILS
 
 
-def test_the_renderer_renders_a_template_file_as_the_engines_hf_tokenizer_config_format() -> None:
+def test_the_renderer_renders_a_template_file_as_the_engines_hf_tokenizer_config_format(templates: Path) -> None:
     chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
     config = json.loads(models.DEFAULT_TEMPLATE.read_text())
-    messages = conversation((1, 0))
-    theirs = chat_format.hf_tokenizer_config_to_chat_formatter(config)(messages=messages)
     source = template_from_file_text(models.DEFAULT_TEMPLATE.read_text())
     assert source.style is RenderStyle.TOKENIZER_CONFIG
-    assert render(source, messages) == theirs.prompt
+    formatter = chat_format.hf_tokenizer_config_to_chat_formatter(config)
+    for order in ((0, 1), (1, 0)):
+        messages = conversation(order)
+        # the server's chat handler hands the formatter these along with the messages
+        theirs = formatter(messages=messages, functions=None, function_call=None, tools=[TOOL], tool_choice=None)
+        assert render(source, messages) == theirs.prompt
+    # a template file gets plain jinja2 there: no {% break %}
+    kimi = {"chat_template": (templates / "Kimi-K3.jinja").read_text(), "bos_token": "<s>", "eos_token": "</s>"}
+    with pytest.raises(Exception, match="unknown tag 'break'"):
+        chat_format.hf_tokenizer_config_to_chat_formatter(kimi)
 
 
 def test_the_bundled_model_has_no_template_so_the_check_is_of_servess_chatml_fallback() -> None:
