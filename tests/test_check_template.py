@@ -297,3 +297,17 @@ def test_docs_templates_md_is_what_the_survey_writes_and_the_readme_quotes_its_c
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert f"of the {rendering} released models' chat templates" in readme
     assert f"**{counts[survey.Pairing.POSITION]} tie each result to its call by position only**" in readme
+
+
+def test_the_chat_template_setting_is_what_serve_would_use_so_it_is_what_is_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    by_id = "{% for m in messages if m.role == 'tool' %}<result of {{ m.tool_call_id }}>{{ m.content }}{% endfor %}"
+    template = tmp_path / "by-id.json"
+    template.write_text(json.dumps({"chat_template": by_id, "bos_token": "<s>", "eos_token": "</s>"}))
+    config = tmp_path / "toolpair.yaml"
+    config.write_text(f"chat_template: {template}\n")
+    code, out = check_here(capsys, "--config", str(config))
+    assert code == 0, out
+    assert f"template: {template} (chat_template setting)" in out
+    assert "verdict: id:" in out
