@@ -2,8 +2,8 @@
 
 toolpair exists because most chat templates render a run of tool results one after the other
 with nothing but their position to say which call each answers. This module finds out which
-kind a given template is, by rendering one conversation three ways, the way llama-cpp-python's
-server renders it (a sandboxed jinja2 environment with ``trim_blocks`` and ``lstrip_blocks``):
+kind a given template is, by rendering one conversation three ways, the way the engine renders it
+(llama-cpp-python, ``toolpair serve``'s engine, or transformers' ``apply_chat_template``: :class:`Renderer`):
 
 - one call of ``get_weather`` and its result (can the template render tool use at all?);
 - two parallel calls of the same tool and their results in call order;
