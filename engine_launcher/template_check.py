@@ -1,0 +1,438 @@
+"""Does a chat template tie each tool result to its call, or only put it in the same position?
+
+toolpair exists because most chat templates render a run of tool results one after the other
+with nothing but their position to say which call each answers. This module finds out which
+kind a given template is, by rendering one conversation three ways, the way the engine renders it
+(llama-cpp-python, ``toolpair serve``'s engine, or transformers' ``apply_chat_template``: :class:`Renderer`):
+
+- one call of ``get_weather`` and its result (can the template render tool use at all?);
+- two parallel calls of the same tool and their results in call order;
+- the same two results in reversed order, as they arrive when the second call finishes first.
+
+The two results carry the same tool name, so a template can tell them apart only by the
+``tool_call_id`` that travels with each. Comparing the two renderings then gives the verdict:
+
+- ``self-ordered``: both orders render alike (the template sorts results into call order itself);
+- ``position``: the reversed rendering is the ordered one with the two result texts swapped,
+  so nothing but position says which result answers which call;
+- ``id``: the rendering differs in more than the texts, and every other difference is a call
+  ID (the ID is printed next to its result);
+- ``id-mapped``: something derived from the ID moves with the result (Cohere prints the
+  index of the call whose ID matches);
+- ``rejects-reordered``: call order renders, finish order fails (the engine refuses such requests);
+- ``no-parallel``: one call renders but two do not (Llama 3.x: "only supports single tool-calls");
+- ``drops-results``: the results are not in the rendering;
+- ``fails``: the template does not render tool use at all (a syntax error, a missing filter...).
+
+Pure: a template's text in, a :class:`TemplateVerdict` out. Reading GGUF files and template
+files is the caller's business (``toolpair check-template``, ``bench/template_survey.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import Template, TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = [
+    "CALL_IDS",
+    "RESULTS",
+    "Pairing",
+    "RenderStyle",
+    "Renderer",
+    "TemplateSource",
+    "TOOL",
+    "TemplateVerdict",
+    "check_template",
+    "conversation",
+    "headline",
+    "meaning",
+    "render",
+    "template_from_file_text",
+]
+
+CALL_IDS = ("Kq7Zt3Wm9", "Rb2Xn8Jp4")
+"""Nine letters and digits each: Mistral's templates refuse any other shape of ID."""
+
+RESULTS = ("TEMP-PARIS-31C", "TEMP-TOKYO-17C")
+"""The two results' texts: distinct, equally long, and found nowhere else in a rendering."""
+
+CITIES = ("Paris", "Tokyo")
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current temperature in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+class Pairing(Enum):
+    """How a template ties a tool result to its call; the value is the word the survey prints."""
+
+    SELF_ORDERED = "self-ordered"
+    POSITION = "position"
+    ID = "id"
+    ID_MAPPED = "id-mapped"
+    REJECTS_REORDERED = "rejects-reordered"
+    NO_PARALLEL = "no-parallel"
+    DROPS_RESULTS = "drops-results"
+    FAILS = "fails"
+
+    @property
+    def exit_status(self) -> int:
+        """0: results are tied to their calls without toolpair; 1: toolpair is needed; 2: no answer."""
+        if self in (Pairing.SELF_ORDERED, Pairing.ID, Pairing.ID_MAPPED):
+            return 0
+        if self in (Pairing.POSITION, Pairing.REJECTS_REORDERED):
+            return 1
+        return 2
+
+
+class RenderStyle(Enum):
+    """The two ways llama-cpp-python (0.3.36) renders a Jinja template.
+
+    ``gguf``: the template in the model file, by its ``Jinja2ChatFormatter``: transformers' Jinja
+    dialect (``break``/``continue``, ``tojson`` with json.dumps' keywords, the ``generation`` tag),
+    given ``add_generation_prompt``, ``raise_exception``, ``strftime_now`` and the request's ``tools``.
+    ``tokenizer-config``: a template file passed with ``--chat_format hf-tokenizer-config`` (what
+    ``toolpair serve`` does for ``--chat-template-file`` and for a model without a template): plain
+    jinja2, an empty assistant message appended to open the reply, given ``messages``, ``bos_token``,
+    ``eos_token`` and the request's ``tools``, but no ``raise_exception`` and no ``add_generation_prompt``.
+    Either way the tool-call arguments stay the JSON strings the client sent.
+    """
+
+    GGUF = "gguf"
+    TOKENIZER_CONFIG = "tokenizer-config"
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    """A chat template's text with the special tokens it is rendered with, and where it came from."""
+
+    text: str
+    style: RenderStyle = RenderStyle.GGUF
+    bos_token: str = "<s>"
+    eos_token: str = "</s>"
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class TemplateVerdict:
+    pairing: Pairing
+    detail: str = ""
+    """The template's own error, for the verdicts that come from one."""
+
+    @property
+    def exit_status(self) -> int:
+        return self.pairing.exit_status
+
+
+def _call(index: int) -> dict[str, Any]:
+    return {
+        "id": CALL_IDS[index],
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": CITIES[index]})},
+    }
+
+
+def conversation(order: tuple[int, ...]) -> list[dict[str, Any]]:
+    """A user question, the assistant's parallel calls, and the results in ``order``.
+
+    >>> [m["role"] for m in conversation((1, 0))]
+    ['user', 'assistant', 'tool', 'tool']
+    >>> [m["tool_call_id"] for m in conversation((1, 0))[2:]] == [CALL_IDS[1], CALL_IDS[0]]
+    True
+    """
+    calls = sorted(order)
+    question = " and ".join(CITIES[i] for i in calls)
+    return [
+        {"role": "user", "content": f"What is the temperature in {question}?"},
+        {"role": "assistant", "content": "", "tool_calls": [_call(i) for i in calls]},
+        *({"role": "tool", "content": RESULTS[i], "tool_call_id": CALL_IDS[i]} for i in order),
+    ]
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(message)
+
+
+_NOW = datetime.now()
+"""One instant for every rendering, so a template that prints the date renders both orders alike."""
+
+
+def _strftime_now(form: str) -> str:
+    return _NOW.strftime(form)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' ``tojson``: json.dumps with its keywords, not HTML-escaped as jinja2's own is."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Generation(Extension):
+    """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's tokens with it.
+
+    Rendering only needs its body, as it is."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja2 declares it on Extension as a plain attribute
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+class Renderer(Enum):
+    """Who renders the template.
+
+    ``llama-cpp-python``: the engine ``toolpair serve`` runs (see :class:`RenderStyle`); tool-call
+    arguments stay the JSON strings the client sent.
+    ``transformers``: Hugging Face transformers' ``apply_chat_template``, which vLLM uses and whose
+    dialect llama-server's ``--jinja`` follows: its Jinja dialect, and arguments parsed into objects.
+    """
+
+    LLAMA_CPP_PYTHON = "llama-cpp-python"
+    TRANSFORMERS = "transformers"
+
+
+def _environment(hf_dialect: bool) -> ImmutableSandboxedEnvironment:
+    if not hf_dialect:
+        return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation]
+    )
+    environment.filters["tojson"] = _tojson
+    return environment
+
+
+@lru_cache(maxsize=4)
+def _compiled(text: str, hf_dialect: bool) -> Template:
+    """Compiled once for the three renderings of a check; a long template takes a while to compile."""
+    return _environment(hf_dialect).from_string(text)
+
+
+def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    parsed = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}} for c in calls]
+    return {**message, "tool_calls": parsed}
+
+
+def render(
+    source: TemplateSource, messages: list[dict[str, Any]], renderer: Renderer = Renderer.LLAMA_CPP_PYTHON
+) -> str:
+    """The prompt ``renderer`` would build from ``messages``; raises whatever the template raises.
+
+    >>> render(TemplateSource("{% for m in messages %}[{{ m.role }}]{% endfor %}"), [{"role": "user"}])
+    '[user]'
+    >>> render(TemplateSource("{% for m in messages %}[{{ m.role }}]{% endfor %}",
+    ...                       RenderStyle.TOKENIZER_CONFIG), [{"role": "user"}])
+    '[user][assistant]'
+    """
+    tokenizer_config = renderer is Renderer.LLAMA_CPP_PYTHON and source.style is RenderStyle.TOKENIZER_CONFIG
+    template = _compiled(source.text, hf_dialect=not tokenizer_config)
+    if tokenizer_config:
+        return template.render(
+            messages=[*messages, {"role": "assistant", "content": ""}],
+            bos_token=source.bos_token,
+            eos_token=source.eos_token,
+            functions=None,
+            function_call=None,
+            tools=[TOOL],
+            tool_choice=None,
+        )
+    if renderer is Renderer.TRANSFORMERS:
+        messages = [_parsed_arguments(m) for m in messages]
+    return template.render(
+        messages=messages,
+        eos_token=source.eos_token,
+        bos_token=source.bos_token,
+        raise_exception=_raise_exception,
+        add_generation_prompt=True,
+        functions=None,
+        function_call=None,
+        tools=[TOOL],
+        tool_choice=None,
+        strftime_now=_strftime_now,
+    )
+
+
+def _attempt(source: TemplateSource, order: tuple[int, ...], renderer: Renderer) -> str | BaseException:
+    try:
+        return render(source, conversation(order), renderer)
+    except Exception as exc:  # the template is foreign code: whatever it raises is its answer, mapped here once
+        return exc
+
+
+def _problem(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if isinstance(exc, (TemplateError, ValueError)) else f"{type(exc).__name__}: {text}"
+
+
+def _swap(text: str, pair: tuple[str, str]) -> str:
+    first, second = pair
+    return re.sub(f"{re.escape(first)}|{re.escape(second)}", lambda m: second if m[0] == first else first, text)
+
+
+def _differs_only_in_ids(one: str, other: str) -> bool:
+    """Whether ``one`` and ``other`` are the same text but for which call ID stands where.
+
+    >>> _differs_only_in_ids(f"x {CALL_IDS[0]} y {CALL_IDS[1]}", f"x {CALL_IDS[1]} y {CALL_IDS[0]}")
+    True
+    >>> _differs_only_in_ids("x 0 y 1", "x 1 y 0")
+    False
+    """
+    pattern = "(" + "|".join(map(re.escape, CALL_IDS)) + ")"
+    left, right = re.split(pattern, one), re.split(pattern, other)
+    if len(left) != len(right):
+        return False
+    return all(a == b or (a in CALL_IDS and b in CALL_IDS) for a, b in zip(left, right, strict=True))
+
+
+def check_template(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP_PYTHON) -> TemplateVerdict:
+    """Render the parallel calls with their results in both orders and say how results meet calls.
+
+    >>> position = "{% for m in messages %}{% if m.role == 'tool' %}<r>{{ m.content }}</r>{% endif %}{% endfor %}"
+    >>> check_template(TemplateSource(position)).pairing
+    <Pairing.POSITION: 'position'>
+    >>> by_id = position.replace("<r>", "<r id={{ m.tool_call_id }}>")
+    >>> check_template(TemplateSource(by_id)).pairing
+    <Pairing.ID: 'id'>
+    """
+    single = _attempt(source, (0,), renderer)
+    ordered = _attempt(source, (0, 1), renderer)
+    if isinstance(ordered, BaseException):
+        if isinstance(single, BaseException):
+            return TemplateVerdict(Pairing.FAILS, _problem(ordered))
+        return TemplateVerdict(Pairing.NO_PARALLEL, _problem(ordered))
+    if not all(result in ordered for result in RESULTS):
+        return TemplateVerdict(Pairing.DROPS_RESULTS)
+    reversed_ = _attempt(source, (1, 0), renderer)
+    if isinstance(reversed_, BaseException):
+        return TemplateVerdict(Pairing.REJECTS_REORDERED, _problem(reversed_))
+    if reversed_ == ordered:
+        return TemplateVerdict(Pairing.SELF_ORDERED)
+    swapped = _swap(ordered, RESULTS)
+    if reversed_ == swapped:
+        return TemplateVerdict(Pairing.POSITION)
+    if _differs_only_in_ids(swapped, reversed_):
+        return TemplateVerdict(Pairing.ID)
+    return TemplateVerdict(Pairing.ID_MAPPED)
+
+
+def template_from_file_text(text: str, origin: str = "") -> TemplateSource:
+    """A template from a file's text: a tokenizer_config-style JSON object, or the bare Jinja.
+
+    JSON gets the ``tokenizer-config`` style (that is how the engine is given a template file), its
+    own ``bos_token`` and ``eos_token``, and of a list of named templates the ``tool_use`` one, else
+    ``default``. Raises ValueError when a JSON file holds no usable template.
+
+    >>> template_from_file_text('{"chat_template": "{{ 1 }}", "bos_token": "<b>", "eos_token": "<e>"}').style
+    <RenderStyle.TOKENIZER_CONFIG: 'tokenizer-config'>
+    >>> template_from_file_text("{%- for m in messages %}{% endfor %}").style
+    <RenderStyle.GGUF: 'gguf'>
+    """
+    stripped = text.lstrip()
+    if not stripped.startswith("{") or stripped.startswith(("{%", "{{", "{#")):
+        return TemplateSource(text, RenderStyle.GGUF, origin=origin)
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{origin or 'the template file'} looks like JSON but does not parse: {exc}") from None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("tool_use") or named.get("default")
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError(f"{origin or 'the template file'} has no string chat_template")
+    assert isinstance(config, dict)
+    return TemplateSource(
+        template,
+        RenderStyle.TOKENIZER_CONFIG,
+        bos_token=_token(config.get("bos_token")),
+        eos_token=_token(config.get("eos_token")),
+        origin=origin,
+    )
+
+
+def _token(value: object) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or an object with its ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+_MEANING = {
+    Pairing.POSITION: (
+        "results are tied to their calls by position only",
+        "Nothing but its place in the prompt tells the model which result answers which call. A client "
+        "that sends parallel results in finish order (most agent frameworks do) hands this model the "
+        "wrong pairing; toolpair puts them back into call order first, so keep it in front.",
+    ),
+    Pairing.ID: (
+        "results are tied to their calls by ID",
+        "The template prints each call's ID next to its result, so the model can pair them in any order. "
+        "toolpair's reordering is harmless here, but not needed for pairing.",
+    ),
+    Pairing.ID_MAPPED: (
+        "results are tied to their calls by ID, rendered as something derived from it",
+        "The template looks up each result's call by ID and prints what it found (Cohere prints the "
+        "call's index), so the model can pair them in any order. toolpair's reordering is not needed for pairing.",
+    ),
+    Pairing.SELF_ORDERED: (
+        "the template puts results into call order itself",
+        "Results render the same in any order. toolpair's reordering is not needed for pairing.",
+    ),
+    Pairing.REJECTS_REORDERED: (
+        "the template refuses results that are not in call order",
+        "Requests with parallel results in finish order fail to render; toolpair puts them into call "
+        "order first, so keep it in front.",
+    ),
+    Pairing.NO_PARALLEL: (
+        "the template cannot render parallel tool calls",
+        "It renders one call, but refuses two in one assistant turn. Give this model one tool at a time "
+        "(parallel_tool_calls: false); there is nothing for toolpair to pair.",
+    ),
+    Pairing.DROPS_RESULTS: (
+        "the template leaves tool results out of the prompt",
+        "The model never sees what its tools returned; use a template made for tool use (--chat-template-file).",
+    ),
+    Pairing.FAILS: (
+        "the template fails to render a conversation with tool calls",
+        "Requests with tool calls fail before they reach the model; use a template made for tool use "
+        "(--chat-template-file).",
+    ),
+}
+
+
+def headline(pairing: Pairing) -> str:
+    """One line: what the template does with parallel results.
+
+    >>> headline(Pairing.POSITION)
+    'results are tied to their calls by position only'
+    """
+    return _MEANING[pairing][0]
+
+
+def meaning(pairing: Pairing) -> str:
+    """What the verdict means for the user, with toolpair and without."""
+    return _MEANING[pairing][1]
