@@ -34,7 +34,8 @@ fi
 engine() {  # VENV FLAGS...: a virtualenv with toolpair and the engine built with FLAGS
     local venv=$1; shift
     [[ -x $venv/bin/python ]] || "$PYTHON" -m venv "$venv"
-    "$venv/bin/python" -m pip --disable-pip-version-check -q install -e '.[model]'
+    "$venv/bin/python" -m pip --disable-pip-version-check -q install -e '.[model]' >"$WORK/pip.log" 2>&1 \
+        || { tail -n 20 "$WORK/pip.log" >&2; fail "pip install into $venv failed"; }
     "$venv/bin/toolpair" engine install --backend cpu "$@" 2>&1 | sed 's/^/   /'
 }
 say "native engine (.venv)"
