@@ -112,10 +112,14 @@ def diagnose(code: int, log: Sequence[str], flags: Iterable[str] = (), *, when: 
             "amx",
         )
     if name == "SIGILL":
+        portable = (
+            ""
+            if cpu and "avx2" not in cpu and "sse2" in cpu  # an x86 CPU that a portable build cannot run on
+            else ", or build one for any x86-64-v3 CPU with `toolpair engine install --portable`"
+        )
         return Diagnosis(
             f"{head}: it was built for another CPU and used an instruction this one lacks",
-            "rebuild it on this machine with `toolpair engine install --rebuild`, or build one for any x86-64-v3 "
-            "CPU with `toolpair engine install --portable`",
+            f"rebuild it on this machine with `toolpair engine install --rebuild`{portable}",
             "cpu",
         )
     if name == "SIGKILL" or (name == "SIGABRT" and any(_OOM.search(x) for x in log)):

@@ -4,10 +4,12 @@
 #   1. installs Debian's qemu-user-static when missing (qemu-x86_64: runs a program as another x86 CPU);
 #   2. builds the portable engine (`toolpair engine install --portable`: llama.cpp's x86-64-v3 baseline,
 #      no AVX-512, no AMX) into .venv-portable, and the native one into .venv as `make test` does;
-#   3. runs each under the emulated CPU ($PORTABLE_CHECK_CPU, default Haswell, the oldest x86-64-v3 CPU):
-#      the portable build must load the bundled model and generate; the native build's fate is reported:
-#      on a machine whose native code needs more than that CPU has (AVX-512, AMX...) it dies with SIGILL;
-#   4. prints tokens/s of both builds on this CPU, same run (native vs portable).
+#   3. starts each as `toolpair serve` does (supervisor, warm-up generation) with the engine process under
+#      the emulated CPU ($PORTABLE_CHECK_CPU, default Haswell, the oldest x86-64-v3 CPU): the portable
+#      build must generate; the native build's fate is reported (on a machine whose native code needs
+#      more than that CPU has, AVX-512 say, it dies with SIGILL);
+#   4. shows toolpair naming a real SIGILL: the native build on an emulated CPU without AVX2 (SandyBridge);
+#   5. prints tokens/s of both builds on this CPU, same run (native vs portable).
 #
 # Not part of `make test`: the portable build alone takes as long as the native one (minutes).
 set -euo pipefail
@@ -44,28 +46,27 @@ say "portable engine (.venv-portable)"
 engine .venv-portable --portable
 MODEL=$(.venv/bin/python -c 'from engine_launcher.models import bundled_model; print(bundled_model())')
 
-# One short generation under the emulated CPU; prints "ok <json>" or "died <status>".
-emulated() {
-    local venv=$1 log=$WORK/$(basename "$1").log code=0
-    timeout 900 "$QEMU" -cpu "$CPU" "$venv/bin/python" -m engine_launcher.speed "$MODEL" \
-        --prompt-tokens 8 --gen-tokens 4 --repeats 1 >"$log" 2>&1 || code=$?
-    if [[ $code == 0 ]]; then echo "ok $(tail -n1 "$log")"; else echo "died $code"; fi
-}
-signal_of() { "$PYTHON" -c 'import sys, signal; c = int(sys.argv[1]); print(signal.Signals(c - 128).name if c > 128 else f"status {c}")' "$1"; }
+# The engine started as `toolpair serve` starts it (its supervisor, its warm-up generation), but under
+# qemu -cpu $2, with the toolpair of virtualenv $1; prints toolpair's verdict, fails as the verdict does.
+emulated() { timeout 1200 "$1/bin/python" scripts/emulated_serve_check.py "$QEMU" "$2" 2>/dev/null; }
 
-say "under qemu -cpu $CPU: the portable engine"
+say "the portable engine under qemu -cpu $CPU"
 started=$(date +%s)
-PORTABLE=$(emulated .venv-portable)
-[[ $PORTABLE == ok* ]] || { tail -n 20 "$WORK/.venv-portable.log" >&2; fail "the portable engine did not run on $CPU: $(signal_of "${PORTABLE#died }")"; }
-say "portable engine on $CPU: answered in $(( $(date +%s) - started ))s: ${PORTABLE#ok }"
+PORTABLE=$(emulated .venv-portable "$CPU") || fail "the portable engine did not run on $CPU: $PORTABLE"
+say "$PORTABLE; $(( $(date +%s) - started ))s in all"
 
-say "under qemu -cpu $CPU: this machine's native engine"
-NATIVE=$(emulated .venv)
-if [[ $NATIVE == ok* ]]; then
-    say "native engine on $CPU: it ran too: nothing this CPU's native code uses is missing on $CPU (no AVX-512 here)"
+say "this machine's native engine under qemu -cpu $CPU"
+if NATIVE=$(emulated .venv "$CPU"); then
+    say "$NATIVE: it ran too; nothing this CPU's native code uses is missing on $CPU (it has no AVX-512)"
 else
-    say "native engine on $CPU: died with $(signal_of "${NATIVE#died }") (log: $WORK/.venv.log)"
+    say "$NATIVE"
 fi
+
+OLDER=${PORTABLE_CHECK_OLDER_CPU:-SandyBridge}
+say "this machine's native engine under qemu -cpu $OLDER (no AVX2): what toolpair says about a build for another CPU"
+if SAID=$(emulated .venv "$OLDER"); then fail "the native engine ran on $OLDER, which has no AVX2: $SAID"; fi
+grep -q "crashed with SIGILL (illegal instruction)" <<<"$SAID" || fail "not named as SIGILL: $SAID"
+say "$SAID"
 
 say "speed on this CPU (tokens/s, best of 3, same run)"
 for venv in .venv .venv-portable; do

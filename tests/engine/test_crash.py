@@ -25,6 +25,13 @@ def test_the_amx_crash_needs_all_three_signs() -> None:
     assert diagnose(-4, AMX_LOG, AMX_CPU).cause == "cpu"  # SIGILL is SIGILL
 
 
+def test_an_illegal_instruction_suggests_a_portable_build_only_where_it_could_run() -> None:
+    assert "--portable" in diagnose(-4, [], {"sse2", "avx2", "fma"}).fix
+    assert "--portable" in diagnose(-4, []).fix  # flags unknown (not Linux)
+    old = diagnose(-4, [], {"sse2", "sse4_2", "avx"})  # x86-64-v3 needs AVX2: only a build made here runs
+    assert "--rebuild" in old.fix and "--portable" not in old.fix
+
+
 def test_other_known_causes() -> None:
     assert diagnose(-9, []).cause == "oom" and "out of memory" in diagnose(-9, []).what
     assert diagnose(-6, ["ggml_aligned_malloc: insufficient memory (out of memory)"]).cause == "oom"
