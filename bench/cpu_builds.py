@@ -1,7 +1,9 @@
 """Prompt and generation tokens/s of the engine's CPU options, measured in one run.
 
 Each option runs ``python -m engine_launcher.speed`` in a child process of its own (one model load
-each), one after the other, on the same model, prompt and thread count:
+each), on the same model, prompt and thread count; the options take turns for ``--rounds`` rounds
+(A B C, A B C, ...) so that a burst of load elsewhere on a shared machine hits them alike, and each
+option's median over the rounds is reported:
 
 - ``native``: the engine ``make test`` installs (``-march=native``, AMX left out), weights in
   llama.cpp's extra buffers (its repacked CPU kernels, ``CPU_REPACK``) as the engine loads them;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +48,18 @@ def run(python: str, model: Path, extra: list[str], args: argparse.Namespace) ->
     return result
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median prompt and generation speeds of one option's runs (an error when any run failed)."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    out = dict(runs[-1])
+    for key in ("prompt_tps", "gen_tps"):
+        out[key] = statistics.median(r[key] for r in runs)
+        out[key + "_runs"] = [r[key] for r in runs]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
@@ -52,6 +67,7 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=physical_cores())
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     model = args.model or bundled_model()
     options: list[tuple[str, str, list[str]]] = [
@@ -61,9 +77,16 @@ def main() -> int:
     portable = args.portable_venv / "bin" / "python"
     if portable.exists():
         options.append(("portable (x86-64-v3)", str(portable), []))
-    results = {name: run(python, model, extra, args) for name, python, extra in options}
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in options}
+    for _ in range(args.rounds):
+        for name, python, extra in options:
+            rounds[name].append(run(python, model, extra, args))
+    results = {name: median_of(runs) for name, runs in rounds.items()}
     base = results["native"]
-    shape = f"{args.prompt_tokens} prompt tokens, {args.gen_tokens} generated, {args.threads} threads"
+    shape = (
+        f"{args.prompt_tokens} prompt tokens, {args.gen_tokens} generated, {args.threads} threads, "
+        f"median of {args.rounds} rounds"
+    )
     print(f"model {model.name}, {shape}")
     print(f"{'option':28} {'prompt tok/s':>13} {'ratio':>6} {'gen tok/s':>10} {'ratio':>6}  extra buffers")
     for name, result in results.items():
