@@ -530,7 +530,7 @@ def build_serve_app(
         api_key=plan.launch.api_key,
         reuses_connections=engine_setup(settings).profile.reuses_connections,
     )
-    app = create_app(settings, upstream, admission=pool)
+    app = create_app(settings, upstream, admission=pool, engine_metrics=False)
     app[SUPERVISORS] = engines
     app[QUEUE] = pool
 
