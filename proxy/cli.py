@@ -397,7 +397,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
         answers = probe_upstream(settings.upstream, wait=settings.engine_ready_wait)
     settings, found = resolve_engine(settings, answers)
     app = create_app(settings)
-    logging.getLogger("toolpair").info("%s", proxy_banner(settings, found))
+    for line in proxy_banner(settings, found).splitlines():  # one record a line: JSON logs stay one object a line
+        logging.getLogger("toolpair").info("%s", line)
     web.run_app(
         app,
         host=settings.host,
@@ -417,10 +418,18 @@ def probe_upstream(base_url: str, *, wait: float, timeout: float = 5.0) -> list[
     once a second, for up to ``wait`` seconds; then whatever was gathered is returned.
     """
     deadline = time.monotonic() + wait
+    said = False
     while True:
         answers = [_probe(base_url.rstrip("/") + path, path, timeout) for path in PROBE_PATHS]
         if any(a.status is not None for a in answers) or time.monotonic() >= deadline:
             return answers
+        if not said:
+            logging.getLogger("toolpair").info(
+                "the upstream does not answer yet (%s); asking again for up to %gs to tell what engine it is",
+                answers[0].error,
+                wait,
+            )
+            said = True
         time.sleep(1.0)
 
 
@@ -452,7 +461,7 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
     """
     base = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '', '::') else settings.host}:{settings.port}"
     upstream = public_url(settings.upstream or "")
-    how = f"detected: {found.how}" if found.detected else found.how
+    how = f"detected: {found.how}" if found.detected and found.kind is not EngineKind.GENERIC else found.how
     modes = api_modes(settings)
     adapted = {
         EngineKind.GENERIC: "nothing but the order of tool results",
