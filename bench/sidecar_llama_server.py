@@ -151,11 +151,13 @@ def main() -> None:
         print(orjson.dumps(r, option=orjson.OPT_INDENT_2).decode())
         return
     one, stream = r["one_token"], r["stream"]
+    ratio = one["ratio_to_floor"]
+    ratio_text = f"{ratio:.2f}x" if ratio == ratio else "n/a (the floor's added median is inside the engine's noise)"
     print("toolpair proxy in front of llama-server (bundled Gemma 3 270M), one run, interleaved")
     print(
         f"one-token request: direct {one['direct_median_ms']:.2f} ms, floor +{one['floor_added_median_ms']:.2f} ms, "
         f"toolpair +{one['added_median_ms']:.2f} ms (p99 +{one['added_p99_ms']:.2f} ms); "
-        f"added latency ratio to the floor {one['ratio_to_floor']:.2f}x; "
+        f"added latency ratio to the floor {ratio_text}; "
         f"CPU per request: floor {one['floor_cpu_ms']:.2f} ms, toolpair {one['proxy_cpu_ms']:.2f} ms "
         f"({one['cpu_ratio_to_floor']:.2f}x)"
     )
