@@ -171,10 +171,15 @@ class RecordingHop:
         async with self._session.request(
             request.method, self.upstream + request.path_qs, headers=headers, data=body or None, allow_redirects=False
         ) as answer:
+            kept = [(name, value) for name, value in answer.headers.items() if name.lower() not in _HOP]
+            if answer.content_length is not None:  # keep the framing too: a sized body stays sized
+                whole = web.Response(status=answer.status, reason=answer.reason, body=await answer.read())
+                for name, value in kept:
+                    whole.headers.add(name, value)
+                return whole
             out = web.StreamResponse(status=answer.status, reason=answer.reason)
-            for name, value in answer.headers.items():
-                if name.lower() not in _HOP:
-                    out.headers.add(name, value)
+            for name, value in kept:
+                out.headers.add(name, value)
             await out.prepare(request)
             async for chunk in answer.content.iter_any():
                 await out.write(chunk)
