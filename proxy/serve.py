@@ -571,7 +571,7 @@ def build_serve_app(
         reuses_connections=engine_setup(settings).profile.reuses_connections,
         explain_failure=explain_failure,
     )
-    app = create_app(settings, upstream, admission=pool)
+    app = create_app(settings, upstream, admission=pool, engine_metrics=False)
     app[SUPERVISORS] = engines
     app[QUEUE] = pool
 

@@ -12,6 +12,11 @@
 #   CLI_PREFIX=/opt/agents TURN_TIMEOUT=1800 scripts/agent_clients_check.sh
 #   EXTRA_SERVE_ARGS="--parallel 2" scripts/agent_clients_check.sh
 #   CLIENTS=codex scripts/agent_clients_check.sh     # one of them only
+#
+# The same clients through `toolpair proxy` (the sidecar, no flags) in front of an engine instead:
+#   UPSTREAM=llama-server scripts/agent_clients_check.sh   # llama.cpp's llama-server (scripts/build_llama_server.sh),
+#                                                          # the bundled model, --jinja, LLAMA_CTX (default 32768)
+#   UPSTREAM=http://127.0.0.1:8080 scripts/agent_clients_check.sh   # an engine already running there
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,13 +28,18 @@ READY_TIMEOUT="${READY_TIMEOUT:-600}"
 PROMPT="${PROMPT:-Say hello in one short sentence.}"
 CLIENTS="${CLIENTS:-claude codex}"
 
+UPSTREAM="${UPSTREAM:-}"                # empty: toolpair serve; llama-server or a URL: toolpair proxy in front of it
+
 WORK="$(mktemp -d -t toolpair-agents-XXXXXX)"
 SERVE_PID=""
+ENGINE_PID=""
 cleanup() {
-    if [ -n "$SERVE_PID" ] && kill -0 "$SERVE_PID" 2>/dev/null; then
-        kill -TERM "$SERVE_PID" 2>/dev/null
-        wait "$SERVE_PID" 2>/dev/null
-    fi
+    for pid in "$SERVE_PID" "$ENGINE_PID"; do
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+        fi
+    done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -48,21 +58,46 @@ if [ ! -x "$CLAUDE" ] || [ ! -x "$CODEX" ] || [ -n "${UPDATE_CLIS:-}" ]; then
 fi
 echo "claude $("$CLAUDE" --version 2>/dev/null | head -1); codex $("$CODEX" --version 2>/dev/null | head -1)"
 
-# --- 2. toolpair serve on its defaults -----------------------------------------------------
-PORT="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+# --- 2. toolpair serve on its defaults, or toolpair proxy in front of an engine -------------
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT="$(free_port)"
 URL="http://127.0.0.1:$PORT"
 started="$(now)"
-# shellcheck disable=SC2086  # EXTRA_SERVE_ARGS is a list of words on purpose
-"$TOOLPAIR" serve --port "$PORT" ${EXTRA_SERVE_ARGS:-} >"$WORK/serve.out" 2>"$WORK/serve.err" &
+if [ "$UPSTREAM" = llama-server ]; then
+    LLAMA_SERVER="$(PYTHON="$PYTHON" "$ROOT/scripts/build_llama_server.sh")" || { echo "FAIL: llama-server build"; exit 1; }
+    MODEL="$("$PYTHON" -c 'from engine_launcher.models import bundled_model; print(bundled_model())')"
+    ENGINE_PORT="$(free_port)"
+    "$LLAMA_SERVER" -m "$MODEL" --jinja --host 127.0.0.1 --port "$ENGINE_PORT" -c "${LLAMA_CTX:-32768}" \
+        >"$WORK/engine.out" 2>"$WORK/engine.err" &
+    ENGINE_PID=$!
+    UPSTREAM="http://127.0.0.1:$ENGINE_PORT"
+    until curl -sf "$UPSTREAM/health" >/dev/null; do
+        if ! kill -0 "$ENGINE_PID" 2>/dev/null || [ "$(since "$started" | cut -d. -f1)" -ge "$READY_TIMEOUT" ]; then
+            echo "FAIL: llama-server did not become ready"; tail -30 "$WORK/engine.err"; exit 1
+        fi
+        sleep 0.5
+    done
+    echo "llama-server ready on $UPSTREAM in $(since "$started")s"
+fi
+if [ -n "$UPSTREAM" ]; then
+    # shellcheck disable=SC2086  # EXTRA_SERVE_ARGS is a list of words on purpose
+    "$TOOLPAIR" proxy --upstream "$UPSTREAM" --port "$PORT" ${EXTRA_SERVE_ARGS:-} >"$WORK/serve.out" 2>"$WORK/serve.err" &
+    what="toolpair proxy"
+else
+    # shellcheck disable=SC2086
+    "$TOOLPAIR" serve --port "$PORT" ${EXTRA_SERVE_ARGS:-} >"$WORK/serve.out" 2>"$WORK/serve.err" &
+    what="toolpair serve"
+fi
 SERVE_PID=$!
 until curl -sf "$URL/ready" >/dev/null; do
     if ! kill -0 "$SERVE_PID" 2>/dev/null || [ "$(since "$started" | cut -d. -f1)" -ge "$READY_TIMEOUT" ]; then
-        echo "FAIL: toolpair serve did not become ready"; tail -30 "$WORK/serve.err"; exit 1
+        echo "FAIL: $what did not become ready"; tail -30 "$WORK/serve.err"; exit 1
     fi
     sleep 0.5
 done
-echo "toolpair serve ready in $(since "$started")s:"
+echo "$what ready in $(since "$started")s:"
 sed 's/^/  | /' "$WORK/serve.out"
+[ -n "$UPSTREAM" ] && sed 's/^/  | /' "$WORK/serve.err" | grep -v ' INFO toolpair.access' | head -12
 
 failures=0
 report() { # name, start, pass|fail, detail

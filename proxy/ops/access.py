@@ -24,7 +24,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from proxy.ops.logs import accept_request_id
 from proxy.ops.metrics import Metrics
-from proxy.ops.paths import METRICS_PATH, PROBE_PATHS
+from proxy.ops.paths import METRICS_PATH, PROBE_PATHS, TOOLPAIR_METRICS_PATH
 from proxy.ops.privacy import hide_bodies, show_bodies
 from proxy.ops.trace import TRACE, Trace, bind, unbind
 from proxy.ops.usage import Usage
@@ -40,7 +40,7 @@ CLIENT_CLOSED = 499
 _SUMMARIZED = ("method", "path", "status", "duration_ms")
 """Fields the access message already spells out; the text format leaves them out."""
 
-_QUIET = PROBE_PATHS | {METRICS_PATH}
+_QUIET = PROBE_PATHS | {METRICS_PATH, TOOLPAIR_METRICS_PATH}
 """Polled every few seconds by machines: logged at debug level only."""
 
 

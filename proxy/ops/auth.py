@@ -31,7 +31,7 @@ from multidict import MultiMapping
 
 from proxy.config import ConfigError, Settings
 from proxy.errors import AuthenticationError
-from proxy.ops.paths import METRICS_PATH, PROBE_PATHS
+from proxy.ops.paths import METRICS_PATH, PROBE_PATHS, TOOLPAIR_METRICS_PATH
 
 __all__ = [
     "KeyRing",
@@ -41,6 +41,7 @@ __all__ = [
     "load_keys",
     "open_paths",
     "presented_keys",
+    "upstream_key_problem",
 ]
 
 log = logging.getLogger("toolpair.auth")
@@ -95,6 +96,27 @@ def keys_required(settings: Settings) -> bool:
     return bool(settings.api_keys) or bool(settings.api_keys_file)
 
 
+def upstream_key_problem(settings: Settings) -> str | None:
+    """Why a sidecar must not start with these settings: an engine key of toolpair's own, but no keys to check.
+
+    With ``upstream_api_key`` toolpair sends its own key to the engine in place of the client's, so
+    the engine's key check no longer tells clients apart: without keys of toolpair's own, anyone
+    who reaches toolpair would use a key-protected engine.
+
+    >>> upstream_key_problem(Settings(upstream_api_key="k")) is not None
+    True
+    >>> upstream_key_problem(Settings(upstream_api_key="k", api_keys=["c"])) is None
+    True
+    """
+    if settings.upstream_api_key is None or keys_required(settings):
+        return None
+    return (
+        "upstream_api_key (TOOLPAIR_UPSTREAM_API_KEY) is set but toolpair checks no keys of its own: every "
+        "client, with a wrong key or none, would reach the engine with yours. Either leave it unset (clients' own "
+        "keys then reach the engine, which checks them), or also set api_keys (TOOLPAIR_API_KEYS) or api_keys_file."
+    )
+
+
 def load_keys(settings: Settings) -> KeyRing:
     """Every configured key; a key file that cannot be read or is empty is a ConfigError."""
     keys = [k.strip() for k in settings.api_keys]
@@ -125,7 +147,7 @@ def presented_keys(headers: MultiMapping[str]) -> list[str]:
 
 def open_paths(settings: Settings) -> frozenset[str]:
     """Paths served without a key."""
-    return PROBE_PATHS if settings.metrics_require_key else PROBE_PATHS | {METRICS_PATH}
+    return PROBE_PATHS if settings.metrics_require_key else PROBE_PATHS | {METRICS_PATH, TOOLPAIR_METRICS_PATH}
 
 
 def auth_middleware(keys: KeyRing, unguarded: frozenset[str]) -> Middleware:

@@ -41,16 +41,17 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from proxy import __version__
 from proxy.ops.engine_probe import ENGINE_STATES, EngineReading, EngineSnapshot
 from proxy.ops.trace import Trace
 from proxy.ops.usage import Usage
 
-__all__ = ["APIS", "METRICS", "Metrics", "metrics_handler"]
+__all__ = ["APIS", "METRICS", "Metrics", "append_exposition", "metrics_handler"]
 
 APIS = ("chat", "anthropic", "responses")
 """Values of the ``api`` label, created up front so rates start at zero."""
@@ -219,3 +220,41 @@ METRICS = web.AppKey("metrics", Metrics)
 def metrics_handler(metrics: Metrics) -> Handler:
     """``GET /metrics``: prometheus-client's own exposition, with its content negotiation."""
     return make_aiohttp_handler(metrics.registry)
+
+
+_EOF = b"# EOF"
+
+
+def append_exposition(engine: bytes, content_type: str, registry: CollectorRegistry) -> bytes | None:
+    """The engine's exposition with this registry's families after its own, in the engine's format.
+
+    None when the engine's body is in neither Prometheus text format, so it goes out as it is.
+    The engine's lines are never touched: toolpair's families are all ``toolpair_*``, so names
+    cannot meet. OpenMetrics keeps its one ``# EOF`` at the very end.
+
+    >>> r = CollectorRegistry()
+    >>> _ = Gauge("toolpair_x", "x", registry=r)
+    >>> print(append_exposition(b"llamacpp:a 1", "text/plain; version=0.0.4", r).decode())
+    llamacpp:a 1
+    # HELP toolpair_x x
+    # TYPE toolpair_x gauge
+    toolpair_x 0.0
+    <BLANKLINE>
+    >>> append_exposition(b"a 1\\n# EOF\\n", "application/openmetrics-text", r).decode().splitlines()[-1]
+    '# EOF'
+    >>> append_exposition(b"{}", "application/json", r) is None
+    True
+    """
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "text/plain":
+        head = engine if not engine or engine.endswith(b"\n") else engine + b"\n"
+        return head + generate_latest(registry)
+    if kind == "application/openmetrics-text":
+        ours: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+        ours = ours[: ours.rfind(_EOF)] if _EOF in ours else ours
+        cut = engine.rfind(_EOF)
+        if cut < 0:
+            head = engine if not engine or engine.endswith(b"\n") else engine + b"\n"
+            return head + ours + _EOF + b"\n"
+        return engine[:cut] + ours + engine[cut:]
+    return None

@@ -5,7 +5,8 @@
 1. the access middleware (request id, trace, access line, metrics), outermost,
    so that refused requests are logged and counted too;
 2. the API-key middleware, when keys are configured;
-3. ``GET /metrics`` and ``GET /toolpair/status``;
+3. ``GET /metrics`` (unless the app serves the engine's there, see
+   :mod:`proxy.http.engine_metrics`), ``GET /toolpair/metrics`` and ``GET /toolpair/status``;
 4. a start-up warning when the listener is reachable beyond loopback and asks
    for no key.
 
@@ -26,7 +27,7 @@ from proxy.ops.access import access_middleware, stamp_request_id
 from proxy.ops.auth import auth_middleware, exposure_warning, keys_required, load_keys, open_paths
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
 from proxy.ops.metrics import METRICS, Metrics, metrics_handler
-from proxy.ops.paths import METRICS_PATH, STATUS_PATH
+from proxy.ops.paths import METRICS_PATH, STATUS_PATH, TOOLPAIR_METRICS_PATH
 from proxy.ops.status import STARTED_AT, status_handler
 
 __all__ = ["register_operations"]
@@ -35,9 +36,16 @@ log = logging.getLogger("toolpair")
 
 
 def register_operations(
-    app: web.Application, settings: Settings, upstream_url: str, error_middleware: Middleware
+    app: web.Application,
+    settings: Settings,
+    upstream_url: str,
+    error_middleware: Middleware,
+    *,
+    metrics_path: bool = True,
 ) -> None:
     """Install keys, metrics, access logs and the status route on ``app``.
+
+    ``metrics_path`` false leaves ``/metrics`` to the caller (a sidecar serves the engine's there).
 
     ``error_middleware`` goes inside the access log (which records the status it answers) and
     outside the key check (whose refusals it answers).
@@ -56,7 +64,9 @@ def register_operations(
     if keys is not None:
         app.middlewares.append(auth_middleware(keys, open_paths(settings)))
     app.on_response_prepare.append(stamp_request_id)
-    app.router.add_get(METRICS_PATH, metrics_handler(metrics), name="metrics")
+    if metrics_path:
+        app.router.add_get(METRICS_PATH, metrics_handler(metrics), name="metrics")
+    app.router.add_get(TOOLPAIR_METRICS_PATH, metrics_handler(metrics), name="toolpair_metrics")
     app.router.add_get(STATUS_PATH, status_handler(upstream_url, keys is not None), name="status")
 
     async def warn_if_exposed(app: web.Application) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -354,3 +357,18 @@ async def test_upstream_credential_policy_outside_any_request(
         await upstream.close()
     assert credential_headers(engine.last.headers) == expected
     assert engine.last.headers["X-Other"] == "kept"
+
+
+def test_a_sidecar_with_an_engine_key_but_no_keys_of_its_own_refuses_to_start() -> None:
+    # It would let every client, with a wrong key or none, use a key-protected engine with toolpair's key.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPAIR_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "proxy", "proxy", "--upstream", "http://127.0.0.1:9"],
+        env={**env, "TOOLPAIR_UPSTREAM_API_KEY": "engine-secret"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "upstream_api_key (TOOLPAIR_UPSTREAM_API_KEY) is set but toolpair checks no keys of its own" in run.stderr
+    assert "engine-secret" not in run.stderr + run.stdout

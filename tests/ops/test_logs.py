@@ -294,8 +294,9 @@ async def test_cli_json_logs_parse_and_hold_no_secret(engine: MockEngine, tmp_pa
     assert access["rid-query"]["path"] == "/v1/models"
     assert any("listening on" in line["message"] for line in lines)
     # the engine did get the prompt, with toolpair's upstream key in place of the client's
-    assert PROMPT in engine.received[0].body.decode()
-    assert engine.received[0].headers["Authorization"] == "Bearer UPSTREAM-KEY-SECRET-c3"
+    (first, *_) = [r for r in engine.received if r.path == "/v1/chat/completions"]  # after the start-up probes
+    assert PROMPT in first.body.decode()
+    assert first.headers["Authorization"] == "Bearer UPSTREAM-KEY-SECRET-c3"
     for secret in ("CLIENT-KEY-SECRET", "UPSTREAM-KEY-SECRET", "WRONG-KEY-SECRET", "QUERY-SECRET", "PROMPT-SECRET"):
         assert secret not in output, secret
     assert "RESULT-SECRET" not in output

@@ -42,7 +42,8 @@ def chat(*messages: Any, **extra: Any) -> bytes:
 
 
 async def scrape(url: str) -> Samples:
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+    # toolpair's own families alone: /metrics would also ask the (mock) engine, which answers any path
+    async with aiohttp.ClientSession() as session, session.get(url + "/toolpair/metrics") as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain")
         text = await response.text()
@@ -83,7 +84,7 @@ async def test_reordered_request_moves_the_counters(stack: Stack) -> None:
     assert delta(before, after, "toolpair_prompt_tokens_total", **CHAT) == 5
     assert delta(before, after, "toolpair_completion_tokens_total", **CHAT) == 1
     # the scrape before counted itself once
-    assert delta(before, after, "toolpair_requests_total", route="metrics", status="200") == 1
+    assert delta(before, after, "toolpair_requests_total", route="toolpair_metrics", status="200") == 1
 
 
 async def test_in_order_and_kept_runs_by_reason(stack: Stack) -> None:

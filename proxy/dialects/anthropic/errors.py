@@ -60,16 +60,19 @@ def context_overflow(engine_message: str) -> ClientInputError | None:
 
 
 def native_error(status: int, raw: bytes) -> ToolpairError | None:
-    """The Anthropic error for an error answer from a native engine, or None when it already is one.
+    """The Anthropic error for a native engine's context overflow; None for any other answer.
 
-    Engines that serve ``/v1/messages`` often answer errors in their own shape
-    (llama-server: ``{"error": {"type": "exceed_context_size_error",
-    "n_prompt_tokens": ..., "n_ctx": ...}}``). Those are rewritten, so that
-    Claude Code still sees ``prompt is too long`` and can compact.
+    Engines that serve ``/v1/messages`` often answer a prompt too long for the context in their
+    own shape (llama-server: ``{"error": {"type": "exceed_context_size_error", "n_prompt_tokens":
+    ..., "n_ctx": ...}}``). That one is rewritten, so that Claude Code still sees ``prompt is too
+    long`` and can compact. Every other error is the engine's to say, and goes out as it sent it
+    (a key-protected engine's 401 stays the engine's, not relabelled as toolpair's).
 
     >>> native_error(400, b'{"error": {"message": "too big", "n_prompt_tokens": 9000, "n_ctx": 8192}}').message
     'prompt is too long: 9000 tokens > 8192 maximum'
     >>> native_error(400, b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}') is None
+    True
+    >>> native_error(401, b'{"error": {"code": 401, "message": "Invalid API Key"}}') is None
     True
     """
     try:
@@ -86,8 +89,8 @@ def native_error(status: int, raw: bytes) -> ToolpairError | None:
         if isinstance(prompt, int) and isinstance(limit, int):
             return PromptTooLongError(prompt, limit)
         error = error.get("message")
-    message = error if isinstance(error, str) and error else raw.decode("utf-8", "replace")[:500] or "no body"
-    return context_overflow(message) or UpstreamStatusError(message, status=status)
+    message = error if isinstance(error, str) and error else raw.decode("utf-8", "replace")[:500]
+    return context_overflow(message) if message else None
 
 
 def anthropic_error(error: ToolpairError) -> ToolpairError:

@@ -8,9 +8,10 @@ relay. Two modes (``messages_mode``):
 - ``translate`` sends a Chat Completions body through
   :mod:`proxy.engine.client` and turns the answer back into Anthropic form.
 
-In translate mode the client's headers never reach the engine, so neither do
-its Anthropic credentials (``x-api-key``, ``Authorization``) or
-``anthropic-*`` headers. Every engine call is made inside the app's
+In translate mode the client's headers never reach the engine, except its
+credentials (``x-api-key``, ``Authorization``), which the engine checks as on
+every path (unless toolpair checks keys of its own: see
+:mod:`proxy.engine.upstream`); ``anthropic-*`` headers stay behind. Every engine call is made inside the app's
 admission (:class:`~proxy.engine.client.EngineClient`), so the managed engine's queue applies.
 
 Streams: the client's response is only started when there is something to
@@ -23,7 +24,7 @@ failure ends the stream with ``event: error``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
 from proxy.dialects.anthropic.request import TranslationPlan, plan_native, plan_translation
 from proxy.engine.client import EngineCall, prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
-from proxy.engine.upstream import forwardable_headers
+from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, SETTINGS
@@ -66,9 +67,11 @@ TOKENIZE_COUNT_PATH = "/extras/tokenize/count"
 """llama-cpp-python's tokenizer route: ``{"input": text}`` -> ``{"count": n}``."""
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
-# Never forwarded to a native engine: the client's Anthropic credentials, and
-# compression, since errors may be rewritten.
-_NATIVE_DROP = ("accept-encoding", "x-api-key", "authorization")
+# Never forwarded to a native engine: compression, since errors may be rewritten. The client's
+# credentials go as on every path, under the upstream's policy (proxy.engine.upstream): the
+# engine checks them, unless toolpair checks keys of its own.
+_NATIVE_DROP = ("accept-encoding",)
+_ANSWER_DROP = ("content-length", "content-encoding")  # no longer true of the body once it was read
 
 
 def messages_mode(settings: Settings) -> ApiMode:
@@ -92,21 +95,22 @@ class EngineTokenizer:
         self.available: bool | None = None  # None: not asked yet
         self._added: int | None = None
 
-    async def count(self, call: EngineCall, text: str) -> int | None:
+    async def count(self, call: EngineCall, text: str, credentials: Mapping[str, str]) -> int | None:
         """Tokens in ``text`` as the engine reads a prompt, or None when the engine cannot say."""
         if self.available is False:
             return None
         if self._added is None:
-            added = await self._count(call, "")
+            added = await self._count(call, "", credentials)
             if added is None:
                 return None
             self._added = added
-        total = await self._count(call, text)
+        total = await self._count(call, text, credentials)
         return None if total is None else max(0, total - self._added)
 
-    async def _count(self, call: EngineCall, text: str) -> int | None:
+    async def _count(self, call: EngineCall, text: str, credentials: Mapping[str, str]) -> int | None:
+        headers = {**credentials, **_JSON_HEADERS}
         try:
-            async with call.open("POST", TOKENIZE_COUNT_PATH, _JSON_HEADERS, orjson.dumps({"input": text})) as response:
+            async with call.open("POST", TOKENIZE_COUNT_PATH, headers, orjson.dumps({"input": text})) as response:
                 status = response.status
                 raw = await call.read(response)
         except ToolpairError as exc:
@@ -161,6 +165,11 @@ def register_anthropic_routes(app: web.Application) -> None:
 # --- /v1/messages -------------------------------------------------------------------
 
 
+def _credentials(request: web.Request) -> dict[str, str]:
+    """The client's credential headers, for an engine call toolpair makes on its behalf."""
+    return {k: v for k, v in request.headers.items() if k.lower() in CREDENTIAL_HEADERS}
+
+
 async def messages(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.max_body_bytes)
@@ -183,7 +192,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
         )
     async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
         if not plan.stop_sequences:
-            message = message_from_completion(await call.completion(plan.chat), model=plan.model)
+            completion = await call.completion(plan.chat, _credentials(request))
+            message = message_from_completion(completion, model=plan.model)
         else:
             # With stop sequences the engine is streamed, so it can be stopped at one.
             events = MessageEvents(
@@ -191,7 +201,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 input_tokens=await _input_tokens(request, call, plan.chat),
                 stop_sequences=plan.stop_sequences,
             )
-            message = await _collect(call, plan, events)
+            message = await _collect(call, plan, events, _credentials(request))
     return web.Response(body=orjson.dumps(message), content_type="application/json")
 
 
@@ -212,7 +222,8 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
             error = native_error(response.status, answer)
             if error is not None:
                 raise error
-            return web.Response(status=response.status, body=answer, content_type="application/json")
+            out_headers = forwardable_headers(response.headers, _ANSWER_DROP)
+            return web.Response(status=response.status, reason=response.reason, headers=out_headers, body=answer)
         return await relay(request, call, response, Dialect.ANTHROPIC, raw=False)
 
 
@@ -232,7 +243,7 @@ async def _input_tokens(request: web.Request, call: EngineCall, chat: Body) -> i
     except TemplateError as exc:
         log.info("no input token count: %s", exc)
         return 0
-    return await state.tokenizer.count(call, prompt) or 0
+    return await state.tokenizer.count(call, prompt, _credentials(request)) or 0
 
 
 def _usage_asked(chat: Body) -> Body:
@@ -245,15 +256,17 @@ async def _chunks(
     """The engine's chunks for a streamed message; admission is entered here, so pings cover a queue wait."""
     async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
         events.input_tokens = await _input_tokens(request, call, plan.chat)
-        async with aclosing(call.stream(_usage_asked(plan.chat))) as chunks:
+        async with aclosing(call.stream(_usage_asked(plan.chat), _credentials(request))) as chunks:
             async for chunk in chunks:
                 yield chunk
 
 
-async def _collect(call: EngineCall, plan: TranslationPlan, events: MessageEvents) -> Body:
+async def _collect(
+    call: EngineCall, plan: TranslationPlan, events: MessageEvents, credentials: Mapping[str, str]
+) -> Body:
     """A whole message from a streamed generation, stopped at the first stop sequence."""
     accumulator = MessageAccumulator()
-    async with aclosing(call.stream(_usage_asked(plan.chat))) as chunks:
+    async with aclosing(call.stream(_usage_asked(plan.chat), credentials)) as chunks:
         async for chunk in chunks:
             if chunk is None:
                 continue
@@ -304,7 +317,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     count: int | None = None
     try:
         async with request.app[ENGINE_CLIENT].admitted(request) as call:
-            count = await state.tokenizer.count(call, prompt)
+            count = await state.tokenizer.count(call, prompt, _credentials(request))
     except ToolpairError as exc:
         log.info("count_tokens: the engine is not available: %s", exc.message)
     if count is None:

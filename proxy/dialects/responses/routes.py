@@ -31,7 +31,7 @@ from proxy.dialects.responses.request import (
 from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.adapt import refuse_responses_logprobs
-from proxy.engine.upstream import forwardable_headers
+from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, SETTINGS
@@ -48,7 +48,7 @@ _DROPPED_SEEN: web.AppKey[set[str]] = web.AppKey("responses_dropped_seen")
 _PATHS = ("/v1/responses", "/responses")
 _DROPPED_HEADER = "X-Toolpair-Dropped-Tools"
 _STORE_HEADER = "X-Toolpair-Store"  # "failed": answered, but the store lost it (see _keep)
-_ENGINE_HEADERS = ("authorization",)  # what a translated request takes from the client (an engine key)
+_ENGINE_HEADERS = CREDENTIAL_HEADERS  # what a translated request takes from the client (its engine key)
 
 
 def responses_mode(settings: Settings) -> ApiMode:

@@ -92,7 +92,9 @@ HI = [{"role": "user", "content": "Hi"}]
 
 async def test_sdk_non_stream_with_x_api_key_and_bearer(engine: MockEngine, proxy: Any) -> None:
     url = await proxy()
-    for sdk in (client(url), AsyncAnthropic(base_url=url, auth_token="bearer-secret", max_retries=0)):
+    bearer = AsyncAnthropic(base_url=url, auth_token="bearer-secret", max_retries=0)
+    sdks = ((client(url), "sk-ant-client-secret"), (bearer, "bearer-secret"))
+    for sdk, key in sdks:
         async with sdk:
             message = await sdk.messages.create(
                 model="claude-test-model",
@@ -115,8 +117,10 @@ async def test_sdk_non_stream_with_x_api_key_and_bearer(engine: MockEngine, prox
             "temperature": 0.1,
             "stream": False,
         }
-        sent_headers = {k.lower() for k in seen.headers}
-        assert not sent_headers & {"x-api-key", "authorization", "anthropic-version", "anthropic-beta"}
+        # The client's credentials reach the engine, which checks them; anthropic-* headers stay behind.
+        sent = {k.lower(): v for k, v in seen.headers.items()}
+        assert not sent.keys() & {"anthropic-version", "anthropic-beta"}
+        assert key in (sent.get("x-api-key"), sent.get("authorization", "").removeprefix("Bearer "))
         assert b"secret" not in seen.body
 
 

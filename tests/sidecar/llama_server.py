@@ -1,0 +1,187 @@
+"""A real llama.cpp ``llama-server``, a recording hop in front of it, and ``toolpair proxy`` as a user runs it.
+
+The binary is built once per machine by ``scripts/build_llama_server.sh`` (``make test`` runs it);
+tests skip, saying so, only when it is absent. The model is the bundled Gemma 3 270M GGUF.
+
+:class:`RecordingHop` is a plain HTTP forwarder between toolpair and llama-server that keeps every
+request exactly as it left toolpair (method, path, headers, body) and relays llama-server's answer
+unchanged, headers included: what llama-server received, byte for byte, without a mock anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from engine_launcher.launch import free_port
+from engine_launcher.models import bundled_model
+from engine_launcher.process import die_with_parent
+from tests.reliability.processes import ROOT, Process
+
+__all__ = ["RecordingHop", "Sent", "llama_server_binary", "start_llama_server", "start_sidecar"]
+
+BUILD_SCRIPT = ROOT / "scripts" / "build_llama_server.sh"
+
+
+def llama_server_binary() -> Path | None:
+    """Where the build script puts llama-server, if it is there."""
+    run = subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True, check=True)
+    path = Path(run.stdout.strip())
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        start_new_session=True,
+        preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
+    )
+
+
+def start_llama_server(binary: Path, log_dir: Path, *extra: str, timeout: float = 180.0) -> Process:
+    """llama-server with the bundled model and ``--jinja`` on a free port; ready once ``/health`` is 200."""
+    model = bundled_model()
+    port = free_port()
+    log = log_dir / f"llama-server-{port}.log"
+    command = [str(binary), "-m", str(model), "--jinja", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["-c", "4096", "-np", "2", "-t", "2", *extra]
+    process = _spawn(command, log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if _status(url + "/health") == 200:
+            return Process(process, url, log)
+        time.sleep(0.2)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    raise RuntimeError(f"llama-server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def start_sidecar(log_dir: Path, upstream: str, *args: str, env: dict[str, str] | None = None) -> Process:
+    """``toolpair proxy --upstream URL`` as a new user runs it (no other flags unless given)."""
+    port = free_port()
+    log = log_dir / f"toolpair-{port}.log"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPAIR_")}
+    base_env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env or {}))
+    command = [sys.executable, "-m", "proxy", "proxy", "--upstream", upstream, "--port", str(port), *args]
+    process = _spawn(command, log, base_env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if _status(url + "/health") == 200:
+            return Process(process, url, log)
+        time.sleep(0.1)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    raise RuntimeError(f"toolpair did not start:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as it reached llama-server."""
+
+    method: str
+    path_qs: str
+    headers: dict[str, str]
+    body: bytes
+
+
+_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+@dataclass
+class RecordingHop:
+    """Forwards everything to ``upstream`` on its own event loop thread, keeping what it forwarded."""
+
+    upstream: str
+    sent: list[Sent] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="recording-hop", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self.url
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def paths(self) -> list[str]:
+        return [s.path_qs for s in self.sent]
+
+    def last(self, path: str) -> Sent:
+        return [s for s in self.sent if s.path_qs.split("?")[0] == path][-1]
+
+    async def _start(self) -> str:
+        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300))
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        return f"http://{host}:{port}"
+
+    async def _stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        self.sent.append(Sent(request.method, request.path_qs, headers, body))
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body or None, allow_redirects=False
+        ) as answer:
+            kept = [(name, value) for name, value in answer.headers.items() if name.lower() not in _HOP]
+            if answer.content_length is not None:  # keep the framing too: a sized body stays sized
+                whole = web.Response(status=answer.status, reason=answer.reason, body=await answer.read())
+                for name, value in kept:
+                    whole.headers.add(name, value)
+                return whole
+            out = web.StreamResponse(status=answer.status, reason=answer.reason)
+            for name, value in kept:
+                out.headers.add(name, value)
+            await out.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
