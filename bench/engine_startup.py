@@ -2,7 +2,9 @@
 
 Runs `toolpair serve` (bundled model unless --model) several times and reports, per run:
 
-- start-up: process launch to the first 200 from /ready (model assembly cached, engine loaded);
+- start-up: process launch to the first 200 from /ready (model assembly cached, engine loaded and
+  warmed up: /ready waits for the engine's warm-up generation);
+- warm-up: the part of start-up that the warm-up generation took (serve's log says it);
 - restart: SIGKILL of the engine to /ready answering 200 again (includes the 0.5 s backoff);
 - shutdown: SIGTERM to toolpair's exit, engine stopped.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -64,6 +67,14 @@ def engine_of(pid: int) -> int:
     raise SystemExit("no engine process found")
 
 
+_WARMUP = re.compile(rb"warm-up generation (\d+(?:\.\d+)?)s")
+
+
+def warmups(log: Path) -> list[float]:
+    """Every warm-up time serve's log reports, in order (one per engine start)."""
+    return [float(m.group(1)) for m in _WARMUP.finditer(log.read_bytes())]
+
+
 def one_run(model: str | None, log: Path) -> dict[str, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -72,8 +83,11 @@ def one_run(model: str | None, log: Path) -> dict[str, float]:
     with log.open("ab") as sink:
         process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=sink)
     try:
+        seen = len(warmups(log)) if log.exists() else 0
         wait_for(lambda: ready(url)[0] == 200)
         startup = time.monotonic() - started
+        wait_for(lambda: len(warmups(log)) > seen, 10)
+        warmup = warmups(log)[seen]
         engine = engine_of(process.pid)
         killed = time.monotonic()
         os.kill(engine, signal.SIGKILL)
@@ -87,7 +101,7 @@ def one_run(model: str | None, log: Path) -> dict[str, float]:
         if process.poll() is None:
             process.kill()
             process.wait()
-    return {"startup_s": startup, "restart_s": restart, "shutdown_s": shutdown}
+    return {"startup_s": startup, "warmup_s": warmup, "restart_s": restart, "shutdown_s": shutdown}
 
 
 def main() -> None:
