@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: test lint unit serve bench bench-normalize clean system-deps scale-check docker-check
+.PHONY: vulkan-deps vulkan-check cuda-build-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,29 @@ bench-normalize: $(VENV)/.deps-test
 # Not part of `make test`: the image build alone takes about ten minutes on a small machine.
 docker-check:
 	scripts/docker_check.sh
+
+# Vulkan's build tools and Mesa's Vulkan drivers, whose llvmpipe is a software Vulkan device on any
+# machine (spirv-headers: llama.cpp's Vulkan CMake asks for its package config). Installed only when missing.
+VULKAN_PACKAGES := libvulkan-dev glslc spirv-headers mesa-vulkan-drivers vulkan-tools
+vulkan-deps:
+	@missing=""; \
+	for pkg in $(VULKAN_PACKAGES); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+# The Vulkan build of the engine (in .venv-vulkan; .venv keeps the CPU one) serving the three APIs with
+# every layer on the Vulkan device, here Mesa's llvmpipe; and its tokens/s next to the CPU build's.
+# Not part of `make test`: the first build takes about 40 minutes on 2 cores (docs/engine.md).
+vulkan-check: $(VENV)/.deps-test vulkan-deps
+	$(VENV)/bin/toolpair engine install --backend cpu
+	scripts/vulkan_check.sh
+
+# A CUDA build (sm_90) with NVIDIA's toolkit from PyPI, on a machine without one, and what serve says
+# with no NVIDIA driver. Not part of `make test`: on 2 cores it takes hours (docs/engine.md).
+cuda-build-check: $(VENV)/.deps-test
+	scripts/cuda_build_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
