@@ -65,6 +65,8 @@ docker-check:
 
 # Vulkan's build tools and Mesa's Vulkan drivers, whose llvmpipe is a software Vulkan device on any
 # machine (spirv-headers: llama.cpp's Vulkan CMake asks for its package config). Installed only when missing.
+# Debian 12's Vulkan headers are too old for llama.cpp: scripts/vulkan_headers.sh (run by vulkan-check)
+# fetches Debian 13's into the toolpair cache, without touching the machine's apt sources.
 VULKAN_PACKAGES := libvulkan-dev glslc spirv-headers mesa-vulkan-drivers vulkan-tools
 vulkan-deps:
 	@missing=""; \

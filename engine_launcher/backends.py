@@ -53,6 +53,7 @@ __all__ = [
     "truthy",
     "visible_cuda_gpus",
     "vulkan_devices",
+    "vulkan_header_version",
 ]
 
 
@@ -545,6 +546,22 @@ def _has_cublas(nvcc: str, env: Mapping[str, str], probes: Probes) -> bool:
     return any(probes.exists(f"{root}/{lib}/libcublas.so") for root in sorted(roots) for lib in libs)
 
 
+VULKAN_CORE_HEADER = "/usr/include/vulkan/vulkan_core.h"
+VULKAN_MIN_HEADER = 261
+"""Vulkan-Headers 1.3.261 brought VK_EXT_layer_settings, which the vendored llama.cpp's Vulkan backend uses."""
+_LLAMA_CPP = "(llama-cpp-python 0.3.36)"
+
+
+def vulkan_header_version(text: str) -> int | None:
+    """``VK_HEADER_VERSION`` from vulkan_core.h's text (Debian 12: 239).
+
+    >>> vulkan_header_version("#define VK_HEADER_VERSION 239\\n")
+    239
+    """
+    found = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
+    return int(found.group(1)) if found else None
+
+
 def truthy(value: str | None) -> bool:
     """An environment switch: ``1``, ``true``, ``yes`` or ``on``.
 
@@ -632,6 +649,15 @@ def build_plan(
         args = ("-DGGML_VULKAN=on",)
         if probes.which("glslc") is None:
             problems.append("glslc not found: install the Vulkan SDK (libvulkan-dev and glslc)")
+        if "Vulkan_INCLUDE_DIR" not in env.get("CMAKE_ARGS", "") and not env.get("VULKAN_SDK"):
+            line = probes.run(["grep", "-m1", "#define VK_HEADER_VERSION ", VULKAN_CORE_HEADER])
+            found = vulkan_header_version(line or "")
+            if found is not None and found < VULKAN_MIN_HEADER:
+                problems.append(
+                    f"the Vulkan headers in /usr/include are 1.x.{found}; llama.cpp {_LLAMA_CPP} needs "
+                    f"1.3.{VULKAN_MIN_HEADER} or newer (VK_EXT_layer_settings): install newer ones and pass "
+                    "CMAKE_ARGS=-DVulkan_INCLUDE_DIR=DIR (on Debian 12: scripts/vulkan_headers.sh prints DIR)"
+                )
     build_env["CMAKE_ARGS"] = " ".join((*common, *args, *extra))
     return BuildPlan(backend, (*common, *args, *extra), build_env, tuple(problems), toolkit, run_env)
 

@@ -23,6 +23,12 @@ if [[ ! -x "$VULKAN_VENV/bin/python" ]]; then
 fi
 "$VULKAN_VENV/bin/python" -m pip install --disable-pip-version-check -q -e '.[test,model]'
 
+# Debian 12's Vulkan headers are older than llama.cpp needs: newer ones, for this build only.
+headers=$(scripts/vulkan_headers.sh)
+if [[ "$headers" != /usr/include ]]; then
+    export CMAKE_ARGS="${CMAKE_ARGS:+$CMAKE_ARGS }-DVulkan_INCLUDE_DIR=$headers"
+fi
+
 echo "== engine install --backend vulkan (a cached wheel is reused)"
 t=$(now)
 nice -n "${NICE:-10}" "$VULKAN_VENV/bin/toolpair" engine install --backend vulkan

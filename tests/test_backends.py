@@ -329,3 +329,14 @@ def test_a_cuda_build_without_driver_or_device_is_one_line_saying_what_to_do() -
     assert engine_devices(Backend.CUDA, {}, FakeProbes()) == cuda_devices(None, {})
     smi = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
     assert engine_devices(Backend.CUDA, {}, smi) == cuda_devices(gpus, {})
+
+
+def test_vulkan_headers_too_old_for_llama_cpp_are_named_before_the_build() -> None:
+    debian12 = FakeProbes({"grep -m1 #define VK_HEADER_VERSION": "#define VK_HEADER_VERSION 239\n"}, tools=["glslc"])
+    old = build_plan(Detection(Backend.VULKAN, "t"), {}, debian12).problems
+    assert len(old) == 1 and "1.x.239" in old[0] and "scripts/vulkan_headers.sh" in old[0]
+    newer = {"CMAKE_ARGS": "-DVulkan_INCLUDE_DIR=/h/usr/include"}
+    plan = build_plan(Detection(Backend.VULKAN, "t"), newer, debian12)
+    assert plan.problems == () and plan.cmake_args[-1] == "-DVulkan_INCLUDE_DIR=/h/usr/include"
+    recent = FakeProbes({"grep -m1 #define VK_HEADER_VERSION": "#define VK_HEADER_VERSION 309\n"}, tools=["glslc"])
+    assert build_plan(Detection(Backend.VULKAN, "t"), {}, recent).problems == ()
