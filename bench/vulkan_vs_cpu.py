@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from engine_launcher.launch import free_port  # noqa: E402
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+def post(url: str, body: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         answer: dict[str, Any] = json.loads(response.read())
@@ -70,7 +70,9 @@ def measure(python: str, requests: int, tokens: int, log: Path) -> dict[str, Any
             "temperature": 0,
             "logit_bias": bias,
         }
-        post(url + "/v1/chat/completions", {**body, "max_tokens": 4})  # warm-up
+        warming = time.monotonic()
+        post(url + "/v1/chat/completions", {**body, "max_tokens": 4})  # warm-up: a GPU build compiles its pipelines
+        warm_up = time.monotonic() - warming
         rates = []
         for _ in range(requests):
             begun = time.monotonic()
@@ -80,8 +82,13 @@ def measure(python: str, requests: int, tokens: int, log: Path) -> dict[str, Any
         process.terminate()
         process.wait(60)
     banner = [line.strip() for line in log.read_text(errors="replace").splitlines() if "engine:" in line[:20]]
-    return {"startup_s": round(startup, 1), "tokens_per_s": round(statistics.median(rates), 2), "runs": rates,
-            "engine": banner[0] if banner else ""}  # fmt: skip
+    return {
+        "startup_s": round(startup, 1),
+        "first_request_s": round(warm_up, 1),
+        "tokens_per_s": round(statistics.median(rates), 2),
+        "runs": rates,
+        "engine": banner[0] if banner else "",
+    }
 
 
 def main() -> None:
@@ -95,7 +102,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, python in (("cpu", args.cpu_python), ("vulkan", args.vulkan_python)):
             results[name] = measure(python, args.requests, args.tokens, Path(tmp) / f"{name}.log")
-            print(f"{name}: {results[name]['tokens_per_s']} tokens/s, start-up {results[name]['startup_s']}s "
+            print(f"{name}: {results[name]['tokens_per_s']} tokens/s, start-up {results[name]['startup_s']}s, "
+                  f"first request {results[name]['first_request_s']}s "
                   f"({results[name]['engine']})", flush=True)  # fmt: skip
     ratio = results["vulkan"]["tokens_per_s"] / results["cpu"]["tokens_per_s"]
     print(f"vulkan/cpu tokens/s: {ratio:.3f}")
