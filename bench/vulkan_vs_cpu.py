@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench stops the serve it started
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, python in (("cpu", args.cpu_python), ("vulkan", args.vulkan_python)):

@@ -13,6 +13,7 @@ must say so in its log, or the session stops.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -94,6 +95,7 @@ def start_real_engine(
                 if response.status == 200:
                     if gpu:
                         _all_layers_offloaded(engine)
+                        _warm_up(engine)
                     return engine
         except OSError:
             time.sleep(0.1)
@@ -117,3 +119,12 @@ def _all_layers_offloaded(engine: RealEngine) -> None:
     if layers is None or layers[0] != layers[1] or layers[0] == 0:
         engine.stop()
         raise RuntimeError(f"a GPU build must offload every layer; the engine said {layers}:\n{text[-3000:]}")
+
+
+def _warm_up(engine: RealEngine) -> None:
+    """One request, so tests do not pay for compiling a GPU device's pipelines (minutes on a software device)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {engine.api_key}"}
+    request = urllib.request.Request(engine.url + "/v1/chat/completions", body, headers)
+    with urllib.request.urlopen(request, timeout=1800) as response:
+        response.read()
