@@ -59,7 +59,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 \
 # --- vulkan ------------------------------------------------------------------------------------
 FROM ubuntu:24.04 AS devel-vulkan
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        python3 python3-venv python3-dev build-essential cmake git libvulkan-dev glslc \
+        python3 python3-venv python3-dev build-essential cmake git libvulkan-dev glslc spirv-headers \
     && rm -rf /var/lib/apt/lists/*
 
 FROM ubuntu:24.04 AS runtime-vulkan

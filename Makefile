@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: test lint unit serve bench bench-normalize bench-cpu clean system-deps scale-check docker-check portable-check
+.PHONY: vulkan-deps vulkan-check cuda-build-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +87,31 @@ portable-check:
 bench-cpu: $(VENV)/.deps-test
 	$(VENV)/bin/toolpair engine install --backend cpu
 	$(PY) bench/cpu_builds.py
+
+# Vulkan's build tools and Mesa's Vulkan drivers, whose llvmpipe is a software Vulkan device on any
+# machine (spirv-headers: llama.cpp's Vulkan CMake asks for its package config). Installed only when missing.
+# Debian 12's Vulkan headers are too old for llama.cpp: scripts/vulkan_headers.sh (run by vulkan-check)
+# fetches Debian 13's into the toolpair cache, without touching the machine's apt sources.
+VULKAN_PACKAGES := libvulkan-dev glslc spirv-headers mesa-vulkan-drivers vulkan-tools
+vulkan-deps:
+	@missing=""; \
+	for pkg in $(VULKAN_PACKAGES); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+# The Vulkan build of the engine (in .venv-vulkan; .venv keeps the CPU one) serving the three APIs with
+# every layer on the Vulkan device, here Mesa's llvmpipe; and its tokens/s next to the CPU build's.
+# Not part of `make test`: the first build takes about 40 minutes on 2 cores (docs/engine.md).
+vulkan-check: $(VENV)/.deps-test vulkan-deps
+	$(VENV)/bin/toolpair engine install --backend cpu
+	scripts/vulkan_check.sh
+
+# A CUDA build (sm_90) with NVIDIA's toolkit from PyPI, on a machine without one, and what serve says
+# with no NVIDIA driver. Not part of `make test`: on 2 cores it takes hours (docs/engine.md).
+cuda-build-check: $(VENV)/.deps-test
+	scripts/cuda_build_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

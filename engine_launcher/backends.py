@@ -21,11 +21,18 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from engine_launcher.models import cache_root
+
 __all__ = [
     "BACKEND_CHOICES",
+    "CUDA_PIP_PACKAGES",
+    "VK_VISIBLE_DEVICES",
     "Backend",
     "BuildPlan",
+    "CUDA_NO_VMM_FLAG",
+    "CudaToolkit",
     "Detection",
+    "EngineDevices",
     "NvidiaGpu",
     "Probes",
     "NO_AMX_FLAGS",
@@ -33,7 +40,9 @@ __all__ = [
     "RPC_FLAG",
     "SystemProbes",
     "build_plan",
+    "cuda_devices",
     "detect_backend",
+    "engine_devices",
     "install_hint",
     "kfd_gfx_targets",
     "parse_backend",
@@ -43,6 +52,8 @@ __all__ = [
     "parse_vulkaninfo",
     "truthy",
     "visible_cuda_gpus",
+    "vulkan_devices",
+    "vulkan_header_version",
 ]
 
 
@@ -225,6 +236,92 @@ def parse_vulkaninfo(text: str) -> list[tuple[str, str]]:
     return devices
 
 
+VK_VISIBLE_DEVICES = "GGML_VK_VISIBLE_DEVICES"
+"""llama.cpp's Vulkan device list, like ``CUDA_VISIBLE_DEVICES``: indexes in ``vulkaninfo``'s order."""
+_VK_CPU = "PHYSICAL_DEVICE_TYPE_CPU"
+_VK_GPUS = ("PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU")
+
+
+@dataclass(frozen=True)
+class EngineDevices:
+    """The devices a GPU build of the engine will use here, and what its process needs to use them."""
+
+    names: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    """Set in the engine's environment (device selection)."""
+    note: str = ""
+    """Said next to the device, e.g. that it is a software one and how it was chosen."""
+    problem: str | None = None
+    """Why the build cannot use a device here, and what to do; one line."""
+
+
+def vulkan_devices(devices: Sequence[tuple[str, str]], env: Mapping[str, str]) -> EngineDevices:
+    """The Vulkan devices llama.cpp will use, given ``vulkaninfo --summary``'s list (see :func:`parse_vulkaninfo`).
+
+    llama.cpp (ggml-vulkan.cpp, ``ggml_vk_instance_init``) takes the discrete and
+    integrated GPUs, else the first other device that is not a CPU; it never takes a
+    CPU-type device (Mesa's llvmpipe) unless ``GGML_VK_VISIBLE_DEVICES`` names it,
+    and then runs every "offloaded" layer on the CPU backend instead. Detection
+    never picks Vulkan for such a machine (the CPU build is faster), so a Vulkan
+    build there was asked for: the engine is pointed at the first CPU-type device.
+    A ``GGML_VK_VISIBLE_DEVICES`` of the user's own is left alone.
+
+    >>> vulkan_devices([("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe")], {}).env
+    {'GGML_VK_VISIBLE_DEVICES': '0'}
+    >>> vulkan_devices([("PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "RX 6800"), ("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe")], {})
+    EngineDevices(names=('RX 6800',), env={}, note='', problem=None)
+    """
+    chosen = env.get(VK_VISIBLE_DEVICES)
+    if chosen is not None:
+        picked = [int(i) for i in chosen.replace(",", " ").split() if i.isdigit()]
+        names = tuple(devices[i][1] for i in picked if i < len(devices))
+        return EngineDevices(names, note=f"{VK_VISIBLE_DEVICES}={chosen} (yours)")
+    gpus = tuple(name for kind, name in devices if kind in _VK_GPUS)
+    if gpus:
+        return EngineDevices(gpus)
+    other = [name for kind, name in devices if kind != _VK_CPU]
+    if other:
+        return EngineDevices((other[0],))
+    cpu = [index for index, (kind, _) in enumerate(devices) if kind == _VK_CPU]
+    if cpu:
+        return EngineDevices(
+            (devices[cpu[0]][1],),
+            {VK_VISIBLE_DEVICES: str(cpu[0])},
+            f"a CPU-type (software) Vulkan device, chosen with {VK_VISIBLE_DEVICES}={cpu[0]}",
+        )
+    return EngineDevices(
+        (),
+        problem="no Vulkan device found (vulkaninfo --summary lists none): install your GPU's Vulkan driver "
+        "(Debian/Ubuntu: mesa-vulkan-drivers, and vulkan-tools for vulkaninfo), "
+        "or run `toolpair engine install --backend cpu`",
+    )
+
+
+def cuda_devices(gpus: Sequence[NvidiaGpu] | None, env: Mapping[str, str]) -> EngineDevices:
+    """The NVIDIA GPUs a CUDA build will use; ``gpus`` is what nvidia-smi lists, None when it is absent or fails.
+
+    Without nvidia-smi there is no NVIDIA driver (it ships with it); with no
+    visible GPU, llama.cpp's CUDA backend cannot start. Either way the engine
+    would fail or silently run on the CPU, so this is a problem to stop on.
+
+    >>> print(cuda_devices(None, {}).problem)  # doctest: +ELLIPSIS
+    this is a CUDA build of the engine, but no CUDA driver was found (no working nvidia-smi): ...
+    """
+    todo = "install the NVIDIA driver on a machine with an NVIDIA GPU, or run `toolpair engine install --backend cpu`"
+    if gpus is None:
+        return EngineDevices(
+            (),
+            problem=f"this is a CUDA build of the engine, but no CUDA driver was found (no working nvidia-smi): {todo}",
+        )
+    visible = visible_cuda_gpus(gpus, env)
+    if not visible:
+        hidden = f" (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})" if "CUDA_VISIBLE_DEVICES" in env else ""
+        return EngineDevices(
+            (), problem=f"this is a CUDA build of the engine, but no CUDA device is visible{hidden}: {todo}"
+        )
+    return EngineDevices(tuple(f"CUDA{i}: {g.name}" for i, g in enumerate(visible)))
+
+
 # --- probes: the only place that touches the machine ------------------------------------------
 
 
@@ -333,6 +430,16 @@ def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None 
     return Detection(Backend.CPU, reason)
 
 
+def engine_devices(backend: Backend, env: Mapping[str, str], probes: Probes) -> EngineDevices | None:
+    """The devices a ``backend`` build will use on this machine; None where toolpair does not look (CPU, HIP, ...)."""
+    if backend is Backend.VULKAN:
+        return vulkan_devices(parse_vulkaninfo(probes.run(["vulkaninfo", "--summary"]) or ""), env)
+    if backend is Backend.CUDA:
+        smi = probes.run(["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap", "--format=csv,noheader"])
+        return cuda_devices(None if smi is None else parse_nvidia_smi(smi), env)
+    return None
+
+
 # --- build settings --------------------------------------------------------------------------
 
 
@@ -352,6 +459,51 @@ PORTABLE_FLAG = "-DGGML_NATIVE=OFF"
 _X86 = frozenset({"x86_64", "amd64", "i386", "i686"})
 
 
+CUDA_PIP_PACKAGES = (
+    "nvidia-cuda-nvcc==13.0.88",
+    "nvidia-cuda-crt==13.0.88",
+    "nvidia-nvvm==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cuda-cccl==13.0.85",
+    "nvidia-cublas==13.0.2.14",
+)
+"""NVIDIA's CUDA 13.0 toolkit as published on PyPI: nvcc (with cicc, ptxas, nvlink), headers, cudart, CCCL, cuBLAS.
+
+CUDA 13, not 12: the ``-cu12`` nvcc wheels hold ptxas but no nvcc. Its builds
+need an NVIDIA driver of the CUDA 13 generation (580 or newer) where they run.
+"""
+CUDA_NO_VMM_FLAG = "-DGGML_CUDA_NO_VMM=ON"
+"""The PyPI toolkit has no ``libcuda.so`` stub to link llama.cpp's VMM memory pool against; its legacy pool works."""
+
+
+@dataclass(frozen=True)
+class CudaToolkit:
+    """The CUDA toolkit from PyPI, installed with ``pip --target`` into a directory of its own.
+
+    The wheels share one tree, ``nvidia/cu13/{bin,include,lib,nvvm}``; the
+    install adds what a system toolkit has and the wheels lack (the
+    ``targets/<arch>-linux`` directories nvcc.profile names, ``lib64``,
+    unversioned ``.so`` links for CMake), see ``engine_launcher.install``.
+    """
+
+    home: Path
+    packages: tuple[str, ...] = CUDA_PIP_PACKAGES
+
+    @property
+    def root(self) -> Path:
+        """What CMake gets as ``CUDAToolkit_ROOT``."""
+        return self.home / "nvidia" / "cu13"
+
+    @property
+    def nvcc(self) -> Path:
+        return self.root / "bin" / "nvcc"
+
+    @property
+    def lib(self) -> Path:
+        """cudart and cuBLAS, which the engine loads at run time."""
+        return self.root / "lib"
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """What pip needs to build llama-cpp-python for one backend."""
@@ -361,6 +513,10 @@ class BuildPlan:
     env: dict[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     """Prerequisites that look missing; shown before building, since the build will likely fail."""
+    toolkit: CudaToolkit | None = None
+    """A toolkit to install from PyPI before building (CUDA without nvcc)."""
+    run_env: dict[str, str] = field(default_factory=dict)
+    """What the engine's process needs in its environment to load this build (its toolkit's libraries)."""
 
 
 def _setvars_env(probes: Probes) -> dict[str, str]:
@@ -370,6 +526,40 @@ def _setvars_env(probes: Probes) -> dict[str, str]:
         return {}
     pairs = (item.partition("=") for item in out.split("\0") if "=" in item)
     return {k: v for k, _, v in pairs}
+
+
+def _has_cublas(nvcc: str, env: Mapping[str, str], probes: Probes) -> bool:
+    """Whether cuBLAS lies in a toolkit next to ``nvcc`` (or at ``CUDA_PATH``, ``CUDA_HOME``, /usr/local/cuda).
+
+    An ``nvcc`` on PATH may be a wrapper script, so its directory's parent is one guess among several.
+    """
+    roots = {str(Path(nvcc).parent.parent), "/usr/local/cuda"}
+    roots |= {env[name] for name in ("CUDA_PATH", "CUDA_HOME", "CUDAToolkit_ROOT") if env.get(name)}
+    libs = (
+        "lib64",
+        "lib",
+        "lib/x86_64-linux-gnu",
+        "lib/aarch64-linux-gnu",
+        "targets/x86_64-linux/lib",
+        "targets/sbsa-linux/lib",
+    )
+    return any(probes.exists(f"{root}/{lib}/libcublas.so") for root in sorted(roots) for lib in libs)
+
+
+VULKAN_CORE_HEADER = "/usr/include/vulkan/vulkan_core.h"
+VULKAN_MIN_HEADER = 261
+"""Vulkan-Headers 1.3.261 brought VK_EXT_layer_settings, which the vendored llama.cpp's Vulkan backend uses."""
+_LLAMA_CPP = "(llama-cpp-python 0.3.36)"
+
+
+def vulkan_header_version(text: str) -> int | None:
+    """``VK_HEADER_VERSION`` from vulkan_core.h's text (Debian 12: 239).
+
+    >>> vulkan_header_version("#define VK_HEADER_VERSION 239\\n")
+    239
+    """
+    found = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
+    return int(found.group(1)) if found else None
 
 
 def truthy(value: str | None) -> bool:
@@ -407,6 +597,8 @@ def build_plan(
     elif not amx and probes.platform()[1].lower() in _X86:
         common += NO_AMX_FLAGS
     build_env: dict[str, str] = {}
+    run_env: dict[str, str] = {}
+    toolkit: CudaToolkit | None = None
     problems: list[str] = []
     if backend is Backend.CPU:
         args: tuple[str, ...] = ()
@@ -414,11 +606,23 @@ def build_plan(
             problems.append("no C++ compiler found (c++, g++ or clang++)")
     elif backend is Backend.CUDA:
         args = ("-DGGML_CUDA=on",)
-        if probes.which("nvcc") is None and "CUDACXX" not in env:
-            if probes.exists("/usr/local/cuda/bin/nvcc"):
-                build_env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
-            else:
+        choice = env.get("TOOLPAIR_CUDA_TOOLKIT", "").strip().lower()
+        if choice not in ("", "auto", "system", "pypi"):
+            problems.append(f"TOOLPAIR_CUDA_TOOLKIT={choice!r}: use auto, system or pypi")
+        nvcc = env.get("CUDACXX") or probes.which("nvcc")
+        if nvcc is None and probes.exists("/usr/local/cuda/bin/nvcc"):
+            nvcc = build_env["CUDACXX"] = "/usr/local/cuda/bin/nvcc"
+        if choice == "system" or (choice != "pypi" and nvcc is not None and _has_cublas(nvcc, env, probes)):
+            if nvcc is None:
                 problems.append("nvcc not found: install the CUDA toolkit or set CUDACXX")
+        else:
+            # No usable system toolkit (no nvcc, or one without cuBLAS, as some images have): NVIDIA's
+            # from PyPI, in a directory of its own. Only planned here; install executes it.
+            toolkit = CudaToolkit(cache_root(env) / "cuda-toolkit" / "cu13.0")
+            args += (CUDA_NO_VMM_FLAG,)
+            build_env.pop("CUDACXX", None)
+            build_env.update(CUDACXX=str(toolkit.nvcc), CUDAToolkit_ROOT=str(toolkit.root))
+            run_env["LD_LIBRARY_PATH"] = str(toolkit.lib)
     elif backend is Backend.HIP:
         targets = ";".join(detection.targets)
         args = ("-DGGML_HIP=on", *((f"-DAMDGPU_TARGETS={targets}",) if targets else ()))
@@ -445,17 +649,28 @@ def build_plan(
         args = ("-DGGML_VULKAN=on",)
         if probes.which("glslc") is None:
             problems.append("glslc not found: install the Vulkan SDK (libvulkan-dev and glslc)")
+        if "Vulkan_INCLUDE_DIR" not in env.get("CMAKE_ARGS", "") and not env.get("VULKAN_SDK"):
+            line = probes.run(["grep", "-m1", "#define VK_HEADER_VERSION ", VULKAN_CORE_HEADER])
+            found = vulkan_header_version(line or "")
+            if found is not None and found < VULKAN_MIN_HEADER:
+                problems.append(
+                    f"the Vulkan headers in /usr/include are 1.x.{found}; llama.cpp {_LLAMA_CPP} needs "
+                    f"1.3.{VULKAN_MIN_HEADER} or newer (VK_EXT_layer_settings): install newer ones and pass "
+                    "CMAKE_ARGS=-DVulkan_INCLUDE_DIR=DIR (on Debian 12: scripts/vulkan_headers.sh prints DIR)"
+                )
     build_env["CMAKE_ARGS"] = " ".join((*common, *args, *extra))
-    return BuildPlan(backend, (*common, *args, *extra), build_env, tuple(problems))
+    return BuildPlan(backend, (*common, *args, *extra), build_env, tuple(problems), toolkit, run_env)
 
 
 _HINTS = {
     Backend.CPU: "a C/C++ compiler and CMake (Debian/Ubuntu: apt install build-essential cmake)",
-    Backend.CUDA: "the CUDA toolkit with nvcc on PATH (or CUDACXX), a matching driver, CMake and a C++ compiler",
+    Backend.CUDA: "the CUDA toolkit with nvcc on PATH (or CUDACXX; without one, toolpair fetches CUDA 13.0 from PyPI), "
+    "a matching driver, CMake and a C++ compiler",
     Backend.HIP: "ROCm with the HIP SDK, hipBLAS and rocBLAS (hipconfig on PATH), and AMDGPU_TARGETS for your GPU",
     Backend.SYCL: f"the Intel oneAPI Base Toolkit (icx, icpx; {ONEAPI_SETVARS}) and an Intel GPU driver",
     Backend.METAL: "Xcode command line tools (xcode-select --install) and CMake",
-    Backend.VULKAN: "the Vulkan SDK: headers, loader and glslc (Debian/Ubuntu: apt install libvulkan-dev glslc)",
+    Backend.VULKAN: "the Vulkan SDK: headers, loader, glslc and SPIR-V headers "
+    "(Debian/Ubuntu: apt install libvulkan-dev glslc spirv-headers)",
 }
 
 

@@ -43,7 +43,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from engine_launcher.backends import Backend, BuildPlan, Probes, SystemProbes, build_plan, detect_backend, install_hint
+from engine_launcher.backends import (
+    Backend,
+    BuildPlan,
+    CudaToolkit,
+    Probes,
+    SystemProbes,
+    build_plan,
+    detect_backend,
+    engine_devices,
+    install_hint,
+)
+from engine_launcher.launch import child_env
 from engine_launcher.models import cache_root, sha256_file
 
 __all__ = [
@@ -54,7 +65,9 @@ __all__ = [
     "build_directory",
     "build_wheel",
     "cached_wheel",
+    "install_cuda_toolkit",
     "install_engine",
+    "lay_out_cuda_toolkit",
     "read_record",
     "record_path",
     "rpc_server_command",
@@ -87,6 +100,8 @@ class EngineRecord:
     cmake_args: list[str]
     rpc_server: str | None = None
     """The ``rpc-server`` built against this engine's ggml, or None (an engine built without RPC)."""
+    run_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What the engine's process needs in its environment to load this build (a PyPI CUDA toolkit's libraries)."""
 
     @property
     def gpu(self) -> bool:
@@ -340,9 +355,9 @@ print(json.dumps({"version": llama_cpp.__version__, "gpu_offload": offload, "rpc
 """
 
 
-def _verify(python: str) -> dict[str, object]:
+def _verify(python: str, env: Mapping[str, str] | None = None) -> dict[str, object]:
     script = _VERIFY
-    out = _run([python, "-c", script], "importing llama_cpp")
+    out = _run([python, "-c", script], "importing llama_cpp", env)
     data = json.loads(out.strip().splitlines()[-1])
     assert isinstance(data, dict)
     return data
@@ -357,6 +372,44 @@ def _prefix(python: str) -> Path:
 def _engine_lib_dir(python: str) -> Path:
     script = "import pathlib, llama_cpp; print(pathlib.Path(llama_cpp.__file__).parent / 'lib')"
     return Path(_run([python, "-c", script], "finding the engine's libraries").strip().splitlines()[-1])
+
+
+_CUDA_TARGET_DIRS = {"x86_64": "x86_64-linux", "amd64": "x86_64-linux", "aarch64": "sbsa-linux", "arm64": "sbsa-linux"}
+
+
+def lay_out_cuda_toolkit(root: Path, machine: str) -> None:
+    """Give the PyPI toolkit's tree the shape nvcc and CMake look for in a system toolkit.
+
+    nvcc.profile adds ``$(TOP)/targets/<arch>-linux/{include,lib}``; CMake's
+    FindCUDAToolkit searches ``lib64`` and links ``libcudart.so``/``libcublas.so``,
+    where the wheels ship ``lib`` and ``libcudart.so.13`` only. Links, no copies.
+    """
+    links: dict[Path, str] = {root / "lib64": "lib"}
+    target = _CUDA_TARGET_DIRS.get(machine.lower())
+    if target:
+        (root / "targets" / target).mkdir(parents=True, exist_ok=True)
+        links[root / "targets" / target / "include"] = "../../include"
+        links[root / "targets" / target / "lib"] = "../../lib"
+    for versioned in sorted((root / "lib").glob("lib*.so.*")):
+        links[root / "lib" / (versioned.name.split(".so.", 1)[0] + ".so")] = versioned.name
+    for link, points_to in links.items():
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(points_to)
+
+
+def install_cuda_toolkit(toolkit: CudaToolkit, python: str, out: TextIO = sys.stderr) -> None:
+    """Install NVIDIA's toolkit wheels into ``toolkit.home`` once (a stamp names them), laid out for the build."""
+    stamp = toolkit.home / ".installed"
+    wanted = "\n".join(toolkit.packages) + "\n"
+    with _locked(toolkit.home):
+        if stamp.is_file() and stamp.read_text() == wanted and toolkit.nvcc.is_file():
+            return
+        _say(out, f"fetching NVIDIA's CUDA toolkit from PyPI into {toolkit.home} (no system one with nvcc and cuBLAS)")
+        pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps", "--upgrade"]
+        _run([*pip, "--target", str(toolkit.home), *toolkit.packages], "installing the CUDA toolkit from PyPI")
+        lay_out_cuda_toolkit(toolkit.root, os.uname().machine)
+        stamp.write_text(wanted)
+        _say(out, f"  CUDA toolkit ready: {toolkit.nvcc}")
 
 
 def install_rpc_server(
@@ -432,6 +485,8 @@ def install_engine(
     for problem in plan.problems:
         _say(out, f"warning: {problem}")
     directory = build_directory(detection.backend, plan.cmake_args, cache)
+    if plan.toolkit is not None:  # needed to build, and its libraries to run the build
+        install_cuda_toolkit(plan.toolkit, python, out)
     with _locked(directory):
         wheel = None if rebuild else cached_wheel(directory)
         if wheel is not None:
@@ -441,9 +496,14 @@ def install_engine(
     digest = sha256_file(wheel)
     marker = record_path(_prefix(python))
     previous = read_record(marker)
+    backend = detection.backend
+    # Loading the build needs its toolkit's libraries; using the device may need a device choice.
+    devices = engine_devices(backend, env, probes)
+    device_env = {} if devices is None or devices.problem else devices.env
+    load_env = child_env(env, {**plan.run_env, **device_env})
     if previous and previous.sha256 == digest and previous.backend == detection.backend.value:
         try:
-            _verify(python)
+            _verify(python, load_env)
         except InstallError:
             previous = None
         else:
@@ -451,9 +511,9 @@ def install_engine(
                 _say(out, f"llama-cpp-python {LLAMA_CPP_VERSION} for {previous.backend} is already installed")
                 rpc = previous.rpc_server
                 if rpc is None or not Path(rpc).exists():
-                    rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, env, out)
-                if rpc != previous.rpc_server:
-                    previous = dataclasses.replace(previous, rpc_server=rpc)
+                    rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out)
+                if rpc != previous.rpc_server or plan.run_env != previous.run_env:
+                    previous = dataclasses.replace(previous, rpc_server=rpc, run_env=plan.run_env)
                     _write_record(marker, previous)
                 return previous
             # Installed where it could not be verified: install again below and verify here.
@@ -471,12 +531,16 @@ def install_engine(
         ],
         "installing the engine's server dependencies",
     )
-    backend = detection.backend
     # Without a device of this kind (a `docker build`, a build host), GPU offload cannot be shown
-    # here: the build is kept, unverified, and serve's engine log tells on the real machine.
-    device_here = not backend.gpu or detect_backend(env, probes).backend is backend
+    # here: the build is kept, unverified, and serve's engine log tells on the real machine. A
+    # device detection passes over (a software Vulkan device) counts when this backend was asked for.
+    device_here = (
+        not backend.gpu
+        or detect_backend(env, probes).backend is backend
+        or (devices is not None and devices.problem is None and bool(devices.names))
+    )
     try:
-        found = _verify(python)
+        found = _verify(python, load_env)
     except InstallError as exc:
         if device_here:
             raise
@@ -499,7 +563,8 @@ def install_engine(
         digest,
         None if offload is None else bool(offload),
         list(plan.cmake_args),
-        install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, env, out),
+        install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out),
+        plan.run_env,
     )
     _write_record(marker, record)
     shown = {None: "not verified", True: "yes", False: "no"}[record.gpu_offload]

@@ -32,6 +32,7 @@ __all__ = [
     "SERVER_SETTING_NAMES",
     "SPLIT_MODES",
     "EngineLaunch",
+    "child_env",
     "engine_command",
     "engine_env",
     "free_port",
@@ -195,6 +196,8 @@ class EngineLaunch:
     tensor_split: tuple[float, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
     """Any other server setting (``--engine-arg KEY=VALUE``), passed as ``--KEY VALUE``."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Set in the engine's environment: its device choice, its build's run-time libraries (see :func:`child_env`)."""
 
     @property
     def url(self) -> str:
@@ -252,13 +255,28 @@ def engine_command(launch: EngineLaunch) -> list[str]:
     return command
 
 
+_SEARCH_PATHS = frozenset({"LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "PATH"})
+
+
+def child_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``extra`` set; a search path in ``extra`` goes in front of the one in ``base``.
+
+    >>> child_env({"LD_LIBRARY_PATH": "/a", "X": "1"}, {"LD_LIBRARY_PATH": "/cuda/lib", "X": "2"})
+    {'LD_LIBRARY_PATH': '/cuda/lib:/a', 'X': '2'}
+    """
+    env = dict(base)
+    for name, value in extra.items():
+        env[name] = f"{value}:{base[name]}" if name in _SEARCH_PATHS and base.get(name) else value
+    return env
+
+
 def engine_env(launch: EngineLaunch, base: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: ours, less anything the server would read as a setting, plus its key.
 
     >>> sorted(engine_env(EngineLaunch(Path("m"), 1, "k", 8), {"PORT": "80", "PATH": "/bin"}))
     ['API_KEY', 'PATH', 'PYTHONUNBUFFERED']
     """
-    env = {k: v for k, v in base.items() if k.lower() not in SERVER_SETTING_NAMES}
+    env = child_env({k: v for k, v in base.items() if k.lower() not in SERVER_SETTING_NAMES}, launch.env)
     env["API_KEY"] = launch.api_key
     env["PYTHONUNBUFFERED"] = "1"  # its log lines reach us as they happen
     return env

@@ -581,6 +581,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _run_rpc_worker(args: argparse.Namespace) -> int:
     from engine_launcher.install import read_record, rpc_server_command
+    from engine_launcher.launch import child_env
     from engine_launcher.rpc import WILDCARD_HOSTS
 
     if args.host.strip() in WILDCARD_HOSTS and not args.allow_all_interfaces:
@@ -608,7 +609,9 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
         )
     print(f"toolpair rpc-worker: {server} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     command = rpc_server_command(server, args.host, args.port, threads=args.threads, cache=args.cache)
-    os.execv(server, command)
+    assert record is not None
+    # A build against PyPI's CUDA toolkit loads its libraries from there.
+    os.execve(server, command, child_env(os.environ, record.run_env))
 
 
 def _serve_template(settings: Settings) -> TemplateSource:

@@ -37,7 +37,15 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from engine_launcher.backends import RPC_FLAG, SystemProbes, detect_backend, parse_backend
+from engine_launcher.backends import (
+    RPC_FLAG,
+    Backend,
+    EngineDevices,
+    SystemProbes,
+    detect_backend,
+    engine_devices,
+    parse_backend,
+)
 from engine_launcher.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.install import LLAMA_CPP_VERSION, read_record
@@ -81,6 +89,7 @@ __all__ = [
     "banner",
     "build_serve_app",
     "check_engine",
+    "device_line",
     "engine_child",
     "plan_serve",
     "run_serve",
@@ -110,6 +119,10 @@ class ServePlan:
     """Bytes that serving logprobs costs (or would cost) at this n_ctx."""
     parallel: tuple[EngineLaunch, ...] = ()
     """With engine_parallel N > 1: the N engines, each with its own port and key (``launch`` is the first)."""
+    devices: EngineDevices | None = None
+    """The GPU build's devices here (None: a CPU build, or not looked at)."""
+    n_layer: int | None = None
+    """The model's repeating layers (from its header), for what the banner says is offloaded."""
 
     @property
     def launches(self) -> tuple[EngineLaunch, ...]:
@@ -317,6 +330,15 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
                     f"the engine is built for {record.backend}, but {wanted}; "
                     f"run `toolpair engine install --backend {found.backend.value}`"
                 )
+    devices = None
+    if record is not None and record.gpu and check_machine:
+        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0))
+        if devices is not None and devices.problem:
+            # A CUDA build with no driver or device fails to load or runs on the CPU unsaid: stop, in one line.
+            if record.backend == Backend.CUDA.value:
+                raise ConfigError(devices.problem)
+            warnings.append(devices.problem)
+    run_env = {**(record.run_env if record is not None else {}), **(devices.env if devices is not None else {})}
     try:
         rpc_servers = parse_endpoints(settings.engine_rpc)
     except ValueError as exc:
@@ -357,6 +379,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         split_mode=settings.engine_split_mode,
         tensor_split=tuple(settings.engine_tensor_split),
         extra=extra,
+        env=run_env,
     )
     if template is not None:
         template_text = json.loads(template.read_text(encoding="utf-8")).get("chat_template")
@@ -374,6 +397,8 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         memory_budget=budget,
         logprobs_cost=logprobs_cost,
         parallel=_parallel_launches(launch, settings.engine_parallel),
+        devices=devices,
+        n_layer=shape.n_layer if shape is not None else None,
     )
 
 
@@ -413,6 +438,33 @@ def _local(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else (f"[{host}]" if ":" in host else host)
 
 
+def device_line(plan: ServePlan) -> str | None:
+    """The banner's line about the GPU: which device, how many layers go to it, and their memory by the estimate.
+
+    >>> from pathlib import Path
+    >>> plan = ServePlan(EngineLaunch(Path("m"), 1, "k", 4096, n_gpu_layers=-1), "vulkan",
+    ...                  devices=EngineDevices(("llvmpipe",), note="software"), n_layer=18,
+    ...                  memory=MemoryEstimate(240 * 2**20, 100 * 2**20, 0, 60 * 2**20, 0))
+    >>> print(device_line(plan))
+      device:         llvmpipe (software): all 18 layers and the output (-ngl -1), ~400 MiB there by the estimate
+    """
+    if plan.devices is None or not plan.devices.names:
+        return None
+    names = ", ".join(plan.devices.names) + (f" ({plan.devices.note})" if plan.devices.note else "")
+    layers, n_layer = plan.launch.n_gpu_layers, plan.n_layer
+    if layers == 0:
+        return f"  device:         {names}: no layers on it (-ngl 0)"
+    if n_layer is None:
+        return f"  device:         {names}: {'all' if layers < 0 else layers} layers (-ngl {layers})"
+    share = 1.0 if layers < 0 or layers > n_layer else layers / (n_layer + 1)
+    shown = f"all {n_layer} layers and the output" if share == 1.0 else f"{layers} of {n_layer + 1} layers"
+    line = f"  device:         {names}: {shown} (-ngl {layers})"
+    if plan.memory is not None:
+        on_device = (plan.memory.weights + plan.memory.kv_cache) * share + plan.memory.compute
+        line += f", ~{gib(on_device)} there by the estimate"
+    return line
+
+
 def banner(settings: Settings, plan: ServePlan) -> str:
     """How to connect, printed at start-up.
 
@@ -432,6 +484,9 @@ def banner(settings: Settings, plan: ServePlan) -> str:
         f"{threads}, chat template {template}"
         + (f", RPC workers {','.join(launch.rpc_servers)}" if launch.rpc_servers else ""),
     ]
+    device = device_line(plan)
+    if device is not None:
+        lines.append(device)
     engines = len(plan.launches)
     if plan.memory is not None:
         budget = f" of {gib(plan.memory_budget)} available" if plan.memory_budget is not None else ""

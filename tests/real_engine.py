@@ -4,11 +4,18 @@ Started once per test session as a plain subprocess on loopback, with the same
 command line that ``toolpair serve`` builds (engine_launcher.launch). Tests that
 need the engine's own view of a request (logprobs, tokenization) talk to it
 directly; everything else goes through toolpair in front of it.
+
+Under an interpreter whose engine is a GPU build (``.venv-vulkan``, see
+scripts/vulkan_check.sh), the engine gets what ``serve`` gives such a build:
+every layer on the device, its device choice and run-time libraries; and it
+must say so in its log, or the session stops.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -17,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_launcher import models
+from engine_launcher.backends import Backend, SystemProbes, engine_devices
+from engine_launcher.install import read_record
 from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
 from engine_launcher.process import die_with_parent
 
@@ -51,8 +60,18 @@ def start_real_engine(
     log_dir: Path, n_ctx: int = 4096, timeout: float = 120.0, port: int | None = None, *, logprobs: bool = True
 ) -> RealEngine:
     """The engine as serve starts it, with logprobs on by default (tests compare distributions with it)."""
+    record = read_record()
+    gpu = record is not None and record.gpu
+    devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(10.0)) if gpu and record else None
     launch = EngineLaunch(
-        bundled_model(), port or free_port(), "test-engine-key", n_ctx, chat_template=TEMPLATE, logits_all=logprobs
+        bundled_model(),
+        port or free_port(),
+        "test-engine-key",
+        n_ctx,
+        chat_template=TEMPLATE,
+        logits_all=logprobs,
+        n_gpu_layers=-1 if gpu else 0,
+        env={**(record.run_env if record else {}), **(devices.env if devices else {})},
     )
     log = log_dir / f"llama-{launch.port}.log"
     with log.open("wb") as sink:
@@ -65,6 +84,8 @@ def start_real_engine(
             preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
         )
     engine = RealEngine(launch.url, launch.api_key, process, log)
+    if gpu:
+        timeout = max(timeout, 600.0)  # a software Vulkan device compiles its shaders at start
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -72,8 +93,38 @@ def start_real_engine(
         try:
             with urllib.request.urlopen(launch.url + READY_PATH, timeout=2) as response:
                 if response.status == 200:
+                    if gpu:
+                        _all_layers_offloaded(engine)
+                        _warm_up(engine)
                     return engine
         except OSError:
             time.sleep(0.1)
     engine.stop()
     raise RuntimeError(f"llama-cpp-python did not come up in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def offloaded_layers(log: str) -> tuple[int, int] | None:
+    """llama.cpp's ``offloaded N/M layers to GPU`` line, as (N, M).
+
+    >>> offloaded_layers("load_tensors: offloaded 19/19 layers to GPU\\n")
+    (19, 19)
+    """
+    found = re.search(r"offloaded (\d+)/(\d+) layers to GPU", log)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _all_layers_offloaded(engine: RealEngine) -> None:
+    text = engine.log.read_text(errors="replace")
+    layers = offloaded_layers(text)
+    if layers is None or layers[0] != layers[1] or layers[0] == 0:
+        engine.stop()
+        raise RuntimeError(f"a GPU build must offload every layer; the engine said {layers}:\n{text[-3000:]}")
+
+
+def _warm_up(engine: RealEngine) -> None:
+    """One request, so tests do not pay for compiling a GPU device's pipelines (minutes on a software device)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {engine.api_key}"}
+    request = urllib.request.Request(engine.url + "/v1/chat/completions", body, headers)
+    with urllib.request.urlopen(request, timeout=1800) as response:
+        response.read()

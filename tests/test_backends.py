@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_launcher.backends import (
+    CUDA_NO_VMM_FLAG,
     NO_AMX_FLAGS,
     PORTABLE_FLAG,
     RPC_FLAG,
@@ -16,7 +17,9 @@ from engine_launcher.backends import (
     NvidiaGpu,
     SystemProbes,
     build_plan,
+    cuda_devices,
     detect_backend,
+    engine_devices,
     kfd_gfx_targets,
     parse_backend,
     parse_nvidia_smi,
@@ -24,6 +27,7 @@ from engine_launcher.backends import (
     parse_sycl_ls,
     parse_vulkaninfo,
     visible_cuda_gpus,
+    vulkan_devices,
 )
 
 DATA = Path(__file__).parent / "data" / "probes"
@@ -180,6 +184,9 @@ def test_unknown_backend_names_are_refused() -> None:
         parse_backend("rocm")
 
 
+CUBLAS = "/usr/lib/x86_64-linux-gnu/libcublas.so"  # Debian's nvidia-cuda-toolkit: nvcc in /usr/bin
+
+
 def test_build_plans_per_backend() -> None:
     tools = ["c++", "nvcc", "glslc", "icpx"]
     hip_probes = FakeProbes({"hipconfig -l": "/opt/rocm/llvm/bin\n", "hipconfig -R": "/opt/rocm\n"}, tools=tools)
@@ -191,7 +198,7 @@ def test_build_plans_per_backend() -> None:
         Backend.SYCL: (("-DGGML_SYCL=on", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"), {}),
     }
     for backend, (args, extra_env) in cases.items():
-        plan = build_plan(Detection(backend, "test"), {}, FakeProbes(tools=tools))
+        plan = build_plan(Detection(backend, "test"), {}, FakeProbes(tools=tools, files=[CUBLAS]))
         # every backend can use RPC workers, and an x86 build leaves out the AMX weight path
         assert plan.cmake_args == (RPC_FLAG, *NO_AMX_FLAGS, *args) and plan.problems == ()
         assert plan.env == {"CMAKE_ARGS": " ".join((RPC_FLAG, *NO_AMX_FLAGS, *args)), **extra_env}
@@ -203,7 +210,9 @@ def test_build_plans_per_backend() -> None:
 
 def test_the_users_cmake_args_come_last() -> None:
     plan = build_plan(
-        Detection(Backend.CUDA, "test"), {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"}, FakeProbes(tools=["nvcc"])
+        Detection(Backend.CUDA, "test"),
+        {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=90"},
+        FakeProbes(tools=["nvcc"], files=[CUBLAS]),
     )
     assert plan.env["CMAKE_ARGS"] == " ".join(
         ("-DGGML_RPC=ON", *NO_AMX_FLAGS, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90")
@@ -226,11 +235,12 @@ def test_cpu_code_amx_and_portable_choices() -> None:
 
 def test_missing_prerequisites_are_named_before_the_build() -> None:
     bare = FakeProbes(tools=[])
-    assert "nvcc not found" in build_plan(Detection(Backend.CUDA, "t"), {}, bare).problems[0]
     assert (
-        build_plan(Detection(Backend.CUDA, "t"), {}, FakeProbes(tools=[], files=["/usr/local/cuda/bin/nvcc"])).env[
-            "CUDACXX"
-        ]
+        build_plan(
+            Detection(Backend.CUDA, "t"),
+            {},
+            FakeProbes(tools=[], files=["/usr/local/cuda/bin/nvcc", "/usr/local/cuda/lib64/libcublas.so"]),
+        ).env["CUDACXX"]
         == "/usr/local/cuda/bin/nvcc"
     )
     hip = build_plan(Detection(Backend.HIP, "t"), {}, bare).problems
@@ -253,3 +263,80 @@ def test_system_probes_on_this_machine_answer_quickly() -> None:
     assert probes.run(["python3", "-c", "import sys; sys.exit(1)"]) is None
     assert probes.run(["python3", "-c", "print('hi')"]) == "hi\n"
     assert detect_backend({}, probes).backend in set(Backend)
+
+
+def test_without_nvcc_a_cuda_build_uses_nvidias_toolkit_from_pypi_in_a_directory_of_its_own() -> None:
+    plan = build_plan(Detection(Backend.CUDA, "t"), {"TOOLPAIR_CACHE": "/c"}, FakeProbes(tools=["c++"]))
+    assert plan.problems == () and plan.toolkit is not None
+    root = Path("/c/cuda-toolkit/cu13.0/nvidia/cu13")
+    assert plan.toolkit.root == root and any(p.startswith("nvidia-cuda-nvcc==13.") for p in plan.toolkit.packages)
+    assert plan.env["CUDACXX"] == str(root / "bin" / "nvcc") and plan.env["CUDAToolkit_ROOT"] == str(root)
+    assert plan.cmake_args == (RPC_FLAG, *NO_AMX_FLAGS, "-DGGML_CUDA=on", CUDA_NO_VMM_FLAG)
+    assert plan.run_env == {"LD_LIBRARY_PATH": str(root / "lib")}  # the engine loads cudart and cuBLAS from there
+    # A system toolkit with cuBLAS, or the user's own nvcc in one, wins: nothing is fetched and VMM stays on.
+    for env, probes in (
+        ({}, FakeProbes(tools=["nvcc"], files=[CUBLAS])),
+        ({"CUDACXX": "/opt/cuda/bin/nvcc"}, FakeProbes(files=["/opt/cuda/lib64/libcublas.so"])),
+        ({"TOOLPAIR_CUDA_TOOLKIT": "system"}, FakeProbes(tools=["nvcc"])),
+    ):
+        system = build_plan(Detection(Backend.CUDA, "t"), env, probes)
+        assert system.toolkit is None and system.run_env == {} and CUDA_NO_VMM_FLAG not in system.cmake_args
+    # An nvcc with no cuBLAS beside it (this machine's image: a wrapper in /usr/local/bin and a CUDA 13
+    # without cuBLAS in /usr/local/cuda), or TOOLPAIR_CUDA_TOOLKIT=pypi: the PyPI toolkit.
+    for env, probes in (
+        ({}, FakeProbes(tools=["nvcc"])),
+        ({"TOOLPAIR_CUDA_TOOLKIT": "pypi"}, FakeProbes(tools=["nvcc"], files=[CUBLAS])),
+    ):
+        pypi = build_plan(Detection(Backend.CUDA, "t"), {"TOOLPAIR_CACHE": "/c", **env}, probes)
+        assert pypi.toolkit is not None and pypi.env["CUDACXX"] == str(root / "bin" / "nvcc")
+
+
+LLVMPIPE_ONLY = [("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe (LLVM 15.0.6, 256 bits)")]
+
+
+def test_a_vulkan_build_on_a_software_device_only_is_pointed_at_it() -> None:
+    """llama.cpp passes over CPU-type Vulkan devices unless GGML_VK_VISIBLE_DEVICES names one."""
+    here = parse_vulkaninfo(captured("vulkaninfo-summary-llvmpipe-mesa22.txt"))  # this project's build machine
+    assert here == LLVMPIPE_ONLY
+    assert detect_backend(
+        {}, FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-llvmpipe-mesa22.txt")})
+    ).backend is (Backend.CPU)  # auto-detection keeps the faster CPU build
+    chosen = vulkan_devices(here, {})
+    assert chosen.env == {"GGML_VK_VISIBLE_DEVICES": "0"} and chosen.names == (LLVMPIPE_ONLY[0][1],)
+    assert "CPU-type" in chosen.note and chosen.problem is None
+    # A real GPU is llama.cpp's own choice: nothing is set.
+    radv = vulkan_devices(parse_vulkaninfo(captured("vulkaninfo-summary-radv.txt")), {})
+    assert radv.env == {} and radv.names == ("AMD Radeon RX 6800 XT (RADV NAVI21)",)
+    # The user's own choice is left alone, and named.
+    mine = vulkan_devices(parse_vulkaninfo(captured("vulkaninfo-summary-radv.txt")), {"GGML_VK_VISIBLE_DEVICES": "1"})
+    assert mine.env == {} and mine.names == ("llvmpipe (LLVM 17.0.6, 256 bits)",) and "yours" in mine.note
+    none = vulkan_devices([], {})
+    assert none.names == () and none.problem is not None and "mesa-vulkan-drivers" in none.problem
+    probes = FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-llvmpipe-mesa22.txt")})
+    assert engine_devices(Backend.VULKAN, {}, probes) == chosen
+    assert engine_devices(Backend.CPU, {}, probes) is None
+
+
+def test_a_cuda_build_without_driver_or_device_is_one_line_saying_what_to_do() -> None:
+    no_driver = cuda_devices(None, {}).problem
+    assert no_driver is not None and "no CUDA driver was found" in no_driver and "\n" not in no_driver
+    assert "install the NVIDIA driver" in no_driver and "--backend cpu" in no_driver
+    gpus = parse_nvidia_smi(captured("nvidia-smi-query-h200.txt"))
+    hidden = cuda_devices(gpus, {"CUDA_VISIBLE_DEVICES": ""}).problem
+    assert hidden is not None and "no CUDA device is visible (CUDA_VISIBLE_DEVICES='')" in hidden
+    assert cuda_devices(gpus, {}) == cuda_devices(gpus, {}).__class__(("CUDA0: NVIDIA H200",))
+    # nvidia-smi absent (no driver) or failing: the same line, from the machine's probes.
+    assert engine_devices(Backend.CUDA, {}, FakeProbes()) == cuda_devices(None, {})
+    smi = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
+    assert engine_devices(Backend.CUDA, {}, smi) == cuda_devices(gpus, {})
+
+
+def test_vulkan_headers_too_old_for_llama_cpp_are_named_before_the_build() -> None:
+    debian12 = FakeProbes({"grep -m1 #define VK_HEADER_VERSION": "#define VK_HEADER_VERSION 239\n"}, tools=["glslc"])
+    old = build_plan(Detection(Backend.VULKAN, "t"), {}, debian12).problems
+    assert len(old) == 1 and "1.x.239" in old[0] and "scripts/vulkan_headers.sh" in old[0]
+    newer = {"CMAKE_ARGS": "-DVulkan_INCLUDE_DIR=/h/usr/include"}
+    plan = build_plan(Detection(Backend.VULKAN, "t"), newer, debian12)
+    assert plan.problems == () and plan.cmake_args[-1] == "-DVulkan_INCLUDE_DIR=/h/usr/include"
+    recent = FakeProbes({"grep -m1 #define VK_HEADER_VERSION": "#define VK_HEADER_VERSION 309\n"}, tools=["glslc"])
+    assert build_plan(Detection(Backend.VULKAN, "t"), {}, recent).problems == ()

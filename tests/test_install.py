@@ -30,11 +30,12 @@ from engine_launcher.install import (
     build_wheel,
     cached_wheel,
     install_engine,
+    lay_out_cuda_toolkit,
     read_record,
     wheel_command,
     wheel_dir,
 )
-from tests.test_backends import FakeProbes
+from tests.test_backends import CUBLAS, FakeProbes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,7 +194,7 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
         return fake_llama_wheel(directory)
 
     monkeypatch.setattr(install, "build_wheel", build)
-    h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"}, tools=["nvcc"])
+    h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"}, tools=["nvcc"], files=[CUBLAS])
     with pytest.raises(InstallError, match="cuda build of llama-cpp-python reports no GPU offload"):
         install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
     assert built == [Backend.CUDA] and (cache / "wheels" / "cuda").is_dir()
@@ -201,7 +202,8 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
 
     # Where no such GPU exists (a docker build), the build is kept and marked unverified.
     out = io.StringIO()
-    unverified = install_engine("cuda", python=python, cache=cache, probes=FakeProbes(tools=["nvcc"]), out=out)
+    no_gpu = FakeProbes(tools=["nvcc"], files=[CUBLAS])
+    unverified = install_engine("cuda", python=python, cache=cache, probes=no_gpu, out=out)
     assert (unverified.backend, unverified.gpu_offload) == ("cuda", None)
     assert "no cuda device here, so GPU offload is not verified" in out.getvalue()
 
@@ -229,3 +231,50 @@ def test_each_set_of_cmake_flags_has_its_own_wheel_directory(tmp_path: Path) -> 
 def test_the_pinned_version_matches_the_engine_extra() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert f'"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"' in text
+
+
+def test_the_pypi_cuda_toolkit_gets_the_layout_nvcc_and_cmake_look_for(tmp_path: Path) -> None:
+    root = tmp_path / "nvidia" / "cu13"
+    (root / "lib").mkdir(parents=True)
+    (root / "include").mkdir()
+    for name in ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcudart_static.a"):
+        (root / "lib" / name).write_bytes(b"")
+    lay_out_cuda_toolkit(root, "x86_64")
+    lay_out_cuda_toolkit(root, "x86_64")  # again: nothing changes, nothing fails
+    assert (root / "lib64").resolve() == (root / "lib").resolve()
+    assert (root / "targets" / "x86_64-linux" / "include").resolve() == (root / "include").resolve()
+    assert (root / "targets" / "x86_64-linux" / "lib" / "libcudart.so.13").exists()
+    for name in ("libcudart", "libcublas", "libcublasLt"):
+        assert os.readlink(root / "lib" / f"{name}.so") == f"{name}.so.13"
+    assert not (root / "lib" / "libcudart_static.so").exists()
+
+
+def test_a_cuda_build_with_the_pypi_toolkit_installs_it_first_and_records_its_libraries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venv"  # its own: the module's may hold a CUDA record of the same stand-in wheel
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("TOOLPAIR_CACHE", str(tmp_path / "cache"))
+    steps: list[str] = []
+
+    def toolkit(kit: object, python: str, out: object) -> None:
+        steps.append("toolkit")
+
+    def build(plan: BuildPlan, directory: Path, **kw: object) -> Path:
+        steps.append("build")
+        assert plan.env["CUDACXX"].endswith("nvidia/cu13/bin/nvcc")
+        return fake_llama_wheel(directory)
+
+    monkeypatch.setattr(install, "install_cuda_toolkit", toolkit)
+    monkeypatch.setattr(install, "build_wheel", build)
+    out = io.StringIO()
+    record = install_engine(
+        "cuda", python=str(venv / "bin" / "python"), cache=tmp_path / "cache", probes=FakeProbes(), out=out
+    )
+    assert steps == ["toolkit", "build"]
+    assert record.run_env == {
+        "LD_LIBRARY_PATH": str(tmp_path / "cache" / "cuda-toolkit" / "cu13.0" / "nvidia" / "cu13" / "lib")
+    }
+    assert "-DGGML_CUDA_NO_VMM=ON" in record.cmake_args and record.gpu_offload is None  # no driver in FakeProbes
+    assert read_record(venv / "share" / "toolpair" / "engine.json") == record

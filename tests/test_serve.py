@@ -8,6 +8,7 @@ conditions (a status code, a process exit), never fixed sleeps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import os
 import re
@@ -25,7 +26,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.backends import Backend, Detection
+from engine_launcher.backends import Backend, Detection, EngineDevices, SystemProbes
 from engine_launcher.install import EngineRecord
 from engine_launcher.launch import free_port
 from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model
@@ -514,6 +515,7 @@ def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPa
 def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
     monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found"))
+    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: EngineDevices(("CUDA0: A",)))
     plan = serve.plan_serve(Settings())
     assert plan.warnings == [
         "the engine is built for cuda, but this machine gets cpu (no GPU found); "
@@ -554,3 +556,43 @@ def test_managed_settings_follow_the_engine_and_its_template(monkeypatch: pytest
     # Explicit settings win over what the template suggests.
     explicit = serve.managed_settings(Settings(tool_call_format="none", count_tokens_template="/t.json"), plan)
     assert (explicit.tool_call_format, explicit.count_tokens_template) == ("none", "/t.json")
+
+
+def test_a_cuda_build_without_a_driver_stops_serve_in_one_line_saying_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """This machine has no NVIDIA driver: what serve says on a CUDA build (scripts/cuda_build_check.sh, for real)."""
+    if SystemProbes().run(["nvidia-smi", "-L"]):
+        pytest.skip("this machine has an NVIDIA driver")
+    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
+    assert main(["serve", "--port", str(free_port())]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("toolpair:")]
+    assert said == [
+        "toolpair: this is a CUDA build of the engine, but no CUDA driver was found (no working nvidia-smi): "
+        "install the NVIDIA driver on a machine with an NVIDIA GPU, or run `toolpair engine install --backend cpu`"
+    ]
+
+
+def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve, "read_record", lambda: record("vulkan"))
+    software = EngineDevices(("llvmpipe (LLVM 15.0.6, 256 bits)",), {"GGML_VK_VISIBLE_DEVICES": "0"}, "software")
+    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: software)
+    plan = serve.plan_serve(Settings(), out=io.StringIO())
+    assert plan.launch.n_gpu_layers == -1 and plan.launch.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
+    assert serve.engine_env(plan.launch, {})["GGML_VK_VISIBLE_DEVICES"] == "0"
+    line = next(x for x in serve.banner(Settings(), plan).splitlines() if x.strip().startswith("device:"))
+    assert line.startswith(
+        "  device:         llvmpipe (LLVM 15.0.6, 256 bits) (software): all 18 layers and the output"
+    )
+    assert (
+        plan.memory is not None
+        and f"~{serve.gib(plan.memory.weights + plan.memory.kv_cache + plan.memory.compute)}" in line
+    )
+    partial = serve.plan_serve(Settings(engine_gpu_layers=10), out=io.StringIO())
+    assert "10 of 19 layers (-ngl 10)" in (serve.device_line(partial) or "")
+    # A CUDA build's run-time libraries from PyPI reach the engine too.
+    pypi = dataclasses.replace(record("cuda"), run_env={"LD_LIBRARY_PATH": "/kit/lib"})
+    monkeypatch.setattr(serve, "read_record", lambda: pypi)
+    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: EngineDevices(("CUDA0: NVIDIA H200",)))
+    cuda = serve.plan_serve(Settings(), out=io.StringIO())
+    assert serve.engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
