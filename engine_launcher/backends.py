@@ -40,6 +40,7 @@ __all__ = [
     "RPC_FLAG",
     "SystemProbes",
     "build_plan",
+    "child_env",
     "cuda_devices",
     "detect_backend",
     "engine_devices",
@@ -660,6 +661,22 @@ def build_plan(
                 )
     build_env["CMAKE_ARGS"] = " ".join((*common, *args, *extra))
     return BuildPlan(backend, (*common, *args, *extra), build_env, tuple(problems), toolkit, run_env)
+
+
+# The Docker image's engine layer holds this module, not launch.py: install and serve both use it.
+_SEARCH_PATHS = frozenset({"LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "PATH"})
+
+
+def child_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``extra`` set; a search path in ``extra`` goes in front of the one in ``base``.
+
+    >>> child_env({"LD_LIBRARY_PATH": "/a", "X": "1"}, {"LD_LIBRARY_PATH": "/cuda/lib", "X": "2"})
+    {'LD_LIBRARY_PATH': '/cuda/lib:/a', 'X': '2'}
+    """
+    env = dict(base)
+    for name, value in extra.items():
+        env[name] = f"{value}:{base[name]}" if name in _SEARCH_PATHS and base.get(name) else value
+    return env
 
 
 _HINTS = {

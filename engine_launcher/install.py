@@ -50,11 +50,11 @@ from engine_launcher.backends import (
     Probes,
     SystemProbes,
     build_plan,
+    child_env,
     detect_backend,
     engine_devices,
     install_hint,
 )
-from engine_launcher.launch import child_env
 from engine_launcher.models import cache_root, sha256_file
 
 __all__ = [

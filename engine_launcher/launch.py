@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine_launcher.backends import child_env
+
 __all__ = [
     "CACHE_TYPES",
     "READY_PATH",
@@ -253,21 +255,6 @@ def engine_command(launch: EngineLaunch) -> list[str]:
     if launch.rpc_servers:
         command += ["--rpc_servers", ",".join(launch.rpc_servers)]
     return command
-
-
-_SEARCH_PATHS = frozenset({"LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "PATH"})
-
-
-def child_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """``base`` with ``extra`` set; a search path in ``extra`` goes in front of the one in ``base``.
-
-    >>> child_env({"LD_LIBRARY_PATH": "/a", "X": "1"}, {"LD_LIBRARY_PATH": "/cuda/lib", "X": "2"})
-    {'LD_LIBRARY_PATH': '/cuda/lib:/a', 'X': '2'}
-    """
-    env = dict(base)
-    for name, value in extra.items():
-        env[name] = f"{value}:{base[name]}" if name in _SEARCH_PATHS and base.get(name) else value
-    return env
 
 
 def engine_env(launch: EngineLaunch, base: Mapping[str, str]) -> dict[str, str]:

@@ -136,9 +136,12 @@ request = urllib.request.Request(
     {"Content-Type": "application/json"},
 )
 with urllib.request.urlopen(request, timeout=120) as response:
-    answer = json.load(response)["choices"][0]["message"]["content"]
-assert answer.strip(), "empty answer"
-print(answer.strip().replace("\n", " ")[:60])
+    reply = json.load(response)
+# The bundled model is a smoke-test model: what it says may be empty once its end marker is cut,
+# but it must have generated.
+assert reply["usage"]["completion_tokens"] > 0, f"no tokens generated: {reply}"
+answer = reply["choices"][0]["message"]["content"] or ""
+print(answer.strip().replace("\n", " ")[:60] or f"(empty text, {reply['usage']['completion_tokens']} tokens)")
 EOF
 }
 
