@@ -490,12 +490,16 @@ class EngineSupervisor:
                     done.set_result(None)
             self._stop_waiters.clear()
             return
-        diagnosis = diagnose(code, list(self._lines), self._cpu, when=self._phase)
-        if self._exit_reason is None:
+        if self._exit_reason is not None:
+            # toolpair killed it (a failed warm-up, a start that timed out): that is the reason, and
+            # the SIGKILL it died of says nothing about the engine.
+            reason, fix = self._exit_reason, ""
+        else:
+            diagnosis = diagnose(code, list(self._lines), self._cpu, when=self._phase)
             self._crash = (time.monotonic(), diagnosis)
-        reason = self._exit_reason or diagnosis.what
+            reason, fix = diagnosis.what, diagnosis.fix
         self._exit_reason = None
-        await self._crashed(reason, was_ready=state is EngineState.READY, fix=diagnosis.fix)
+        await self._crashed(reason, was_ready=state is EngineState.READY, fix=fix)
 
     def _last_output(self) -> list[str]:
         """The engine's last lines, after any earlier ones that say what went wrong."""
