@@ -35,6 +35,10 @@ TEMPLATE = models.DEFAULT_TEMPLATE
 CACHE = models.cache_root()
 
 
+GPU_READ_TIMEOUT = 1800.0
+"""A new batch shape on llvmpipe compiled its pipelines for 471 s cold in one measured run."""
+
+
 def bundled_model() -> Path:
     return models.bundled_model(CACHE)
 
@@ -45,6 +49,9 @@ class RealEngine:
     api_key: str
     process: subprocess.Popen[bytes]
     log: Path
+    read_timeout: float = 600.0
+    """How long toolpair in front of it waits for a response: a software Vulkan device compiles
+    pipelines for each new batch shape, which takes minutes, not seconds."""
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -83,7 +90,7 @@ def start_real_engine(
             start_new_session=True,
             preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
         )
-    engine = RealEngine(launch.url, launch.api_key, process, log)
+    engine = RealEngine(launch.url, launch.api_key, process, log, read_timeout=GPU_READ_TIMEOUT if gpu else 600.0)
     if gpu:
         timeout = max(timeout, 600.0)  # a software Vulkan device compiles its shaders at start
     deadline = time.monotonic() + timeout
@@ -126,5 +133,5 @@ def _warm_up(engine: RealEngine) -> None:
     body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {engine.api_key}"}
     request = urllib.request.Request(engine.url + "/v1/chat/completions", body, headers)
-    with urllib.request.urlopen(request, timeout=1800) as response:
+    with urllib.request.urlopen(request, timeout=GPU_READ_TIMEOUT) as response:
         response.read()

@@ -79,7 +79,9 @@ REFUSED: list[tuple[str, list[Any], dict[str, Any], int]] = [
 @pytest.fixture
 async def clients(real_engine: RealEngine) -> AsyncIterator[tuple[AsyncOpenAI, AsyncOpenAI]]:
     """(through toolpair, straight to the engine)."""
-    settings = Settings(upstream=real_engine.url, engine_kind="llama-cpp-python")
+    settings = Settings(
+        upstream=real_engine.url, engine_kind="llama-cpp-python", upstream_read_timeout=real_engine.read_timeout
+    )
     runner, url = await start_app(create_app(settings))
     through = AsyncOpenAI(base_url=url + "/v1", api_key=real_engine.api_key, max_retries=0)
     direct = AsyncOpenAI(base_url=real_engine.url + "/v1", api_key=real_engine.api_key, max_retries=0)

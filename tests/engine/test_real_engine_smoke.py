@@ -17,7 +17,9 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 async def sidecar(real_engine: RealEngine) -> AsyncIterator[str]:
-    runner, url = await start_app(create_app(Settings(upstream=real_engine.url)))
+    runner, url = await start_app(
+        create_app(Settings(upstream=real_engine.url, upstream_read_timeout=real_engine.read_timeout))
+    )
     yield url
     await runner.cleanup()
 

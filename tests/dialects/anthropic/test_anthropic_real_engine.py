@@ -81,7 +81,7 @@ async def direct(real_engine: RealEngine) -> AsyncIterator[Stack]:
     settings = Settings(
         upstream=real_engine.url,
         upstream_api_key=real_engine.api_key,
-        upstream_read_timeout=60.0,
+        upstream_read_timeout=real_engine.read_timeout,
         count_tokens_template=str(TEMPLATE),
     )
     runner, url = await start_app(create_app(settings))

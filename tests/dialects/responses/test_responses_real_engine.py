@@ -52,7 +52,9 @@ async def tapped(real_engine: RealEngine) -> AsyncIterator[tuple[str, Tap]]:
     tap_app = web.Application()
     tap_app.router.add_route("*", "/{tail:.*}", tap.handle)
     tap_runner, tap_url = await start_app(tap_app)
-    runner, url = await start_app(create_app(Settings(upstream=tap_url)))
+    runner, url = await start_app(
+        create_app(Settings(upstream=tap_url, upstream_read_timeout=real_engine.read_timeout))
+    )
     yield url, tap
     await runner.cleanup()
     await tap_runner.cleanup()
