@@ -5,15 +5,21 @@
 # says on that build. Run by `make cuda-build-check`; not part of `make test`.
 #
 # Knobs: LIMIT (seconds the build may take, default 3600; it is stopped after that and the script says
-# how far it got), NICE (default 19), CUDA_ARCH (default 90), CUDA_VENV (default .venv-cuda).
+# how far it got), NICE (default 19), CUDA_ARCH (default 90), CUDA_VENV (default .venv-cuda), JOBS (default:
+# the number of cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 CUDA_VENV=${CUDA_VENV:-.venv-cuda}
 LIMIT=${LIMIT:-3600}
+export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)}  # ninja would run cores+2 nvcc at once, 2-4 GB each
 export TOOLPAIR_CUDA_TOOLKIT=pypi
-export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}"
+# Each CUDA compile's CPU seconds (scripts/compile_cost.sh), so a stopped build still says what the
+# whole one costs, by kind of file (bench/cuda_build_cost.py).
+export COMPILE_COST_LOG=${COMPILE_COST_LOG:-$PWD/.cuda-compile-cost.log}
+rm -f "$COMPILE_COST_LOG" "$COMPILE_COST_LOG.targets"
+export CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DCMAKE_CUDA_COMPILER_LAUNCHER=$PWD/scripts/compile_cost.sh"
 now() { date +%s; }
 
 [[ -x "$CUDA_VENV/bin/python" ]] || "$PYTHON" -m venv "$CUDA_VENV"
@@ -42,6 +48,8 @@ if [[ -n "$build_log" && -f "$build_log" ]]; then
     echo "CUDA compile steps logged: $total_cu"
     echo "last steps:"; grep -E '^\s*\[[0-9]+/[0-9]+\]' "$build_log" | tail -3 | sed -E 's/ -[^ ]+//g' | cut -c1-200
 fi
+echo "== what the CUDA compiles cost, by kind (CPU seconds; the build ran at nice ${NICE:-19})"
+"$CUDA_VENV/bin/python" bench/cuda_build_cost.py "$COMPILE_COST_LOG"
 [[ $finished == yes ]] || exit 3
 
 echo "== toolpair serve on the CUDA build"
