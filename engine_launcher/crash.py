@@ -24,9 +24,8 @@ import re
 import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-__all__ = ["Diagnosis", "cpu_flags", "diagnose", "signal_name"]
+__all__ = ["Diagnosis", "diagnose", "signal_name"]
 
 AMX_ISSUE = "llama.cpp #20824"
 _AMX_LOADED = re.compile(r"\bAMX\b.*buffer|buffer.*\bAMX\b", re.IGNORECASE)
@@ -59,19 +58,6 @@ def signal_name(code: int) -> str | None:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """This CPU's feature flags as Linux lists them (``amx_int8``, ``avx512f``, ...); empty elsewhere."""
-    try:
-        text = cpuinfo.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 @dataclass(frozen=True)

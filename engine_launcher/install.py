@@ -38,7 +38,7 @@ import tarfile
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -55,6 +55,7 @@ from engine_launcher.backends import (
     engine_devices,
     install_hint,
 )
+from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
 from engine_launcher.models import cache_root, sha256_file
 
 __all__ = [
@@ -102,6 +103,8 @@ class EngineRecord:
     """The ``rpc-server`` built against this engine's ggml, or None (an engine built without RPC)."""
     run_env: dict[str, str] = dataclasses.field(default_factory=dict)
     """What the engine's process needs in its environment to load this build (a PyPI CUDA toolkit's libraries)."""
+    built_for_cpu: list[str] | None = None
+    """A native build's instruction sets (the CPU that built it); None for a portable build or an older record."""
 
     @property
     def gpu(self) -> bool:
@@ -130,13 +133,22 @@ def wheel_dir(backend: Backend, cache: Path | None = None) -> Path:
     return (cache or cache_root()) / "wheels" / backend.value
 
 
-def build_directory(backend: Backend, cmake_args: Sequence[str], cache: Path | None = None) -> Path:
+def build_directory(
+    backend: Backend, cmake_args: Sequence[str], cache: Path | None = None, cpu: Iterable[str] = ()
+) -> Path:
     """Where the wheel for ``backend`` built with exactly ``cmake_args`` lives.
+
+    A native build is also keyed by ``cpu``, the instruction sets it may use
+    (:mod:`engine_launcher.cpu_features`): a cache shared with another CPU never
+    hands it a wheel that stops with SIGILL.
 
     >>> build_directory(Backend.CPU, ["-DGGML_RPC=ON"], Path("/c")).parent
     PosixPath('/c/wheels/cpu')
     """
-    digest = hashlib.sha256("\0".join(cmake_args).encode()).hexdigest()[:12]
+    key = "\0".join(cmake_args)
+    if cpu:
+        key += "\0cpu:" + ",".join(sorted(cpu))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return wheel_dir(backend, cache) / f"flags-{digest}"
 
 
@@ -484,7 +496,8 @@ def install_engine(
     plan = build_plan(detection, env, probes, portable=portable, amx=amx)
     for problem in plan.problems:
         _say(out, f"warning: {problem}")
-    directory = build_directory(detection.backend, plan.cmake_args, cache)
+    built_for = instruction_sets(cpu_flags(), plan.cmake_args) if is_native_build(plan.cmake_args) else None
+    directory = build_directory(detection.backend, plan.cmake_args, cache, built_for or ())
     if plan.toolkit is not None:  # needed to build, and its libraries to run the build
         install_cuda_toolkit(plan.toolkit, python, out)
     with _locked(directory):
@@ -512,8 +525,9 @@ def install_engine(
                 rpc = previous.rpc_server
                 if rpc is None or not Path(rpc).exists():
                     rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out)
-                if rpc != previous.rpc_server or plan.run_env != previous.run_env:
-                    previous = dataclasses.replace(previous, rpc_server=rpc, run_env=plan.run_env)
+                cpu = None if built_for is None else sorted(built_for)
+                if rpc != previous.rpc_server or plan.run_env != previous.run_env or cpu != previous.built_for_cpu:
+                    previous = dataclasses.replace(previous, rpc_server=rpc, run_env=plan.run_env, built_for_cpu=cpu)
                     _write_record(marker, previous)
                 return previous
             # Installed where it could not be verified: install again below and verify here.
@@ -565,6 +579,7 @@ def install_engine(
         list(plan.cmake_args),
         install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out),
         plan.run_env,
+        None if built_for is None else sorted(built_for),
     )
     _write_record(marker, record)
     shown = {None: "not verified", True: "yes", False: "no"}[record.gpu_offload]

@@ -60,7 +60,8 @@ from typing import Any
 
 import aiohttp
 
-from engine_launcher.crash import Diagnosis, cpu_flags, diagnose
+from engine_launcher.cpu_features import cpu_flags
+from engine_launcher.crash import Diagnosis, diagnose
 
 __all__ = [
     "ChildSpec",

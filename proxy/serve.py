@@ -46,6 +46,7 @@ from engine_launcher.backends import (
     engine_devices,
     parse_backend,
 )
+from engine_launcher.cpu_features import cpu_flags, missing_instruction_sets
 from engine_launcher.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.install import LLAMA_CPP_VERSION, read_record
@@ -330,6 +331,15 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
                     f"the engine is built for {record.backend}, but {wanted}; "
                     f"run `toolpair engine install --backend {found.backend.value}`"
                 )
+    if record is not None and record.built_for_cpu and check_machine:
+        missing = missing_instruction_sets(record.built_for_cpu, cpu_flags())
+        if missing:
+            # It would load, then die with SIGILL at its first matrix multiply: stop before, in one line.
+            raise ConfigError(
+                f"the engine was built for another CPU: this one lacks {', '.join(missing)}, and the engine "
+                "would stop with SIGILL; run `toolpair engine install` to build it for this CPU "
+                "(or `toolpair engine install --portable` for a build that runs on any x86-64-v3 CPU)"
+            )
     devices = None
     if record is not None and record.gpu and check_machine:
         devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0))

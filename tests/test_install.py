@@ -21,7 +21,16 @@ from pathlib import Path
 import pytest
 
 from engine_launcher import install
-from engine_launcher.backends import NO_AMX_FLAGS, RPC_FLAG, Backend, BuildPlan, Detection, build_plan
+from engine_launcher.backends import (
+    NO_AMX_FLAGS,
+    PORTABLE_FLAG,
+    RPC_FLAG,
+    Backend,
+    BuildPlan,
+    Detection,
+    build_plan,
+)
+from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
 from engine_launcher.install import (
     LLAMA_CPP_VERSION,
     BuildProgress,
@@ -173,10 +182,12 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the stand-in wheel needs nothing from an index
     python = str(venv / "bin" / "python")
     cache = tmp_path / "cache"
-    wheel = fake_llama_wheel(build_directory(Backend.CPU, [RPC_FLAG, *NO_AMX_FLAGS], cache))
+    here = instruction_sets(cpu_flags(), NO_AMX_FLAGS)  # a native build is for this CPU
+    wheel = fake_llama_wheel(build_directory(Backend.CPU, [RPC_FLAG, *NO_AMX_FLAGS], cache, here))
     out = io.StringIO()
     record = install_engine("cpu", python=python, cache=cache, probes=FakeProbes(), out=out)
     assert (record.backend, record.version, record.gpu_offload) == ("cpu", LLAMA_CPP_VERSION, False)
+    assert record.built_for_cpu == sorted(here)
     assert record.wheel == str(wheel) and record.cmake_args == [RPC_FLAG, *NO_AMX_FLAGS]
     assert record.rpc_server is None and "no rpc-server source next to the wheel" in out.getvalue()
     assert f"using the cached wheel {wheel}" in out.getvalue()
@@ -226,6 +237,31 @@ def test_each_set_of_cmake_flags_has_its_own_wheel_directory(tmp_path: Path) -> 
     assert build_directory(Backend.CPU, ["-DA=1 -DB=2"], tmp_path) != build_directory(
         Backend.CPU, ["-DA=1", "-DB=2"], tmp_path
     )
+
+
+def test_a_native_build_is_cached_per_cpu_and_a_portable_one_is_not(tmp_path: Path) -> None:
+    args = [RPC_FLAG, *NO_AMX_FLAGS]
+    avx2 = instruction_sets({"sse4_2", "avx2", "fma", "hypervisor"}, args)
+    avx512 = instruction_sets({"sse4_2", "avx2", "fma", "avx512f", "avx512bw", "amx_int8"}, args)
+    assert avx512 == {"sse4_2", "avx2", "fma", "avx512f", "avx512bw"}, "AMX is built out, so it does not count"
+    assert build_directory(Backend.CPU, args, tmp_path, avx2) != build_directory(Backend.CPU, args, tmp_path, avx512)
+    # The same instruction sets on another host (other non-ISA flags) share the wheel.
+    assert build_directory(Backend.CPU, args, tmp_path, avx2) == build_directory(
+        Backend.CPU, args, tmp_path, instruction_sets({"sse4_2", "avx2", "fma", "constant_tsc"}, args)
+    )
+    assert not is_native_build([RPC_FLAG, PORTABLE_FLAG]) and is_native_build(args)
+
+
+def test_a_portable_install_is_tied_to_no_cpu(tmp_path: Path, venv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    cache = tmp_path / "cache"
+    fake_llama_wheel(build_directory(Backend.CPU, [RPC_FLAG, PORTABLE_FLAG], cache))
+    out = io.StringIO()
+    portable = install_engine(
+        "cpu", python=str(venv / "bin" / "python"), cache=cache, probes=FakeProbes(), portable=True, out=out
+    )
+    assert portable.cmake_args == [RPC_FLAG, PORTABLE_FLAG] and portable.built_for_cpu is None
+    assert "using the cached wheel" in out.getvalue()
 
 
 def test_the_pinned_version_matches_the_engine_extra() -> None:

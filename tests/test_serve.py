@@ -596,3 +596,19 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
     monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: EngineDevices(("CUDA0: NVIDIA H200",)))
     cuda = serve.plan_serve(Settings(), out=io.StringIO())
     assert serve.engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
+
+
+def test_an_engine_built_for_a_cpu_with_more_instruction_sets_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512bw", "avx512f", "fma"])
+    monkeypatch.setattr(serve, "read_record", lambda: built_on_avx512)
+    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU"))
+    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))
+    with pytest.raises(ConfigError) as refused:
+        serve.plan_serve(Settings())
+    assert str(refused.value).startswith("the engine was built for another CPU: this one lacks avx512bw, avx512f,")
+    assert "toolpair engine install" in str(refused.value)
+    # The same CPU or a larger one runs it; so does any CPU when the check is off (a plan made for elsewhere).
+    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}))
+    assert serve.plan_serve(Settings()).backend == "cpu"
+    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert serve.plan_serve(Settings(), check_machine=False).backend == "cpu"
