@@ -526,10 +526,12 @@ def install_engine(
                 if rpc is None or not Path(rpc).exists():
                     rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out)
                 cpu = None if built_for is None else sorted(built_for)
-                if rpc != previous.rpc_server or plan.run_env != previous.run_env or cpu != previous.built_for_cpu:
-                    previous = dataclasses.replace(previous, rpc_server=rpc, run_env=plan.run_env, built_for_cpu=cpu)
-                    _write_record(marker, previous)
-                return previous
+                current = dataclasses.replace(
+                    previous, wheel=str(wheel), rpc_server=rpc, run_env=plan.run_env, built_for_cpu=cpu
+                )
+                if current != previous:
+                    _write_record(marker, current)
+                return current
             # Installed where it could not be verified: install again below and verify here.
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _say(out, f"installing {wheel.name} ({detection.backend.value}) into {marker.parent.parent.parent}")
