@@ -47,6 +47,7 @@ from engine_launcher.backends import (
     Backend,
     BuildPlan,
     CudaToolkit,
+    EngineDevices,
     Probes,
     SystemProbes,
     build_plan,
@@ -109,6 +110,16 @@ class EngineRecord:
     @property
     def gpu(self) -> bool:
         return self.backend != Backend.CPU.value
+
+    def process_env(self, devices: EngineDevices | None = None) -> dict[str, str]:
+        """What a process that loads this build needs in its environment, on a machine with ``devices``.
+
+        The build's run-time libraries (a PyPI CUDA toolkit's) and the device choice made here (a
+        software Vulkan device is chosen explicitly); devices with a problem add nothing. One answer
+        for every process that loads the build: serve's engine, ``rpc-worker``, the tests' engine.
+        """
+        chosen = devices.env if devices is not None and devices.problem is None else {}
+        return {**self.run_env, **chosen}
 
 
 def record_path(prefix: str | Path = sys.prefix) -> Path:
@@ -382,7 +393,12 @@ def _prefix(python: str) -> Path:
 
 
 def _engine_lib_dir(python: str) -> Path:
-    script = "import pathlib, llama_cpp; print(pathlib.Path(llama_cpp.__file__).parent / 'lib')"
+    """Where the wheel put libllama and ggml, found without importing llama_cpp.
+
+    Importing it loads libllama, and a CUDA build against PyPI's toolkit finds cuBLAS only with the
+    toolkit's library path set: the lookup must not depend on that.
+    """
+    script = "import importlib.util as u, pathlib as p; print(p.Path(u.find_spec('llama_cpp').origin).parent / 'lib')"
     return Path(_run([python, "-c", script], "finding the engine's libraries").strip().splitlines()[-1])
 
 
@@ -496,8 +512,9 @@ def install_engine(
     plan = build_plan(detection, env, probes, portable=portable, amx=amx)
     for problem in plan.problems:
         _say(out, f"warning: {problem}")
-    built_for = instruction_sets(cpu_flags(), plan.cmake_args) if is_native_build(plan.cmake_args) else None
-    directory = build_directory(detection.backend, plan.cmake_args, cache, built_for or ())
+    native = is_native_build(plan.cmake_args)
+    built_for_cpu = sorted(instruction_sets(cpu_flags(), plan.cmake_args)) if native else None
+    directory = build_directory(detection.backend, plan.cmake_args, cache, built_for_cpu or ())
     if plan.toolkit is not None:  # needed to build, and its libraries to run the build
         install_cuda_toolkit(plan.toolkit, python, out)
     with _locked(directory):
@@ -525,9 +542,8 @@ def install_engine(
                 rpc = previous.rpc_server
                 if rpc is None or not Path(rpc).exists():
                     rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out)
-                cpu = None if built_for is None else sorted(built_for)
                 current = dataclasses.replace(
-                    previous, wheel=str(wheel), rpc_server=rpc, run_env=plan.run_env, built_for_cpu=cpu
+                    previous, wheel=str(wheel), rpc_server=rpc, run_env=plan.run_env, built_for_cpu=built_for_cpu
                 )
                 if current != previous:
                     _write_record(marker, current)
@@ -581,7 +597,7 @@ def install_engine(
         list(plan.cmake_args),
         install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out),
         plan.run_env,
-        None if built_for is None else sorted(built_for),
+        built_for_cpu,
     )
     _write_record(marker, record)
     shown = {None: "not verified", True: "yes", False: "no"}[record.gpu_offload]

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -580,6 +581,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_rpc_worker(args: argparse.Namespace) -> int:
+    from engine_launcher.backends import Backend, SystemProbes, engine_devices
     from engine_launcher.install import read_record, rpc_server_command
     from engine_launcher.launch import child_env
     from engine_launcher.rpc import WILDCARD_HOSTS
@@ -607,11 +609,22 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
             "only the serving machine may be able to reach it",
             file=sys.stderr,
         )
+    assert record is not None
+    # The worker offers the devices serve's engine would use, with the same environment (process_env).
+    devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0)) if record.gpu else None
+    if devices is not None and devices.problem:
+        print(f"toolpair rpc-worker: warning: {devices.problem}", file=sys.stderr)
+    elif devices is not None and devices.names:
+        note = f" ({devices.note})" if devices.note else ""
+        print(f"toolpair rpc-worker: device: {', '.join(devices.names)}{note}", file=sys.stderr)
     print(f"toolpair rpc-worker: {server} on {args.host}:{args.port}", file=sys.stderr, flush=True)
     command = rpc_server_command(server, args.host, args.port, threads=args.threads, cache=args.cache)
-    assert record is not None
-    # A build against PyPI's CUDA toolkit loads its libraries from there.
-    os.execve(server, command, child_env(os.environ, record.run_env))
+    # rpc-server says its endpoint and devices through stdio, which a pipe or a file (a journal, `docker
+    # logs`) would hold back until 4 KiB gathered: line-buffered, where coreutils' stdbuf is there.
+    stdbuf = shutil.which("stdbuf")
+    if stdbuf is not None:
+        command = [stdbuf, "-oL", *command]
+    os.execve(command[0], command, child_env(os.environ, record.process_env(devices)))
 
 
 def _serve_template(settings: Settings) -> TemplateSource:

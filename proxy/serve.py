@@ -348,7 +348,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
             if record.backend == Backend.CUDA.value:
                 raise ConfigError(devices.problem)
             warnings.append(devices.problem)
-    run_env = {**(record.run_env if record is not None else {}), **(devices.env if devices is not None else {})}
+    run_env = record.process_env(devices) if record is not None else {}
     try:
         rpc_servers = parse_endpoints(settings.engine_rpc)
     except ValueError as exc:

@@ -35,6 +35,7 @@ TEMPLATE = models.DEFAULT_TEMPLATE
 CACHE = models.cache_root()
 
 
+CPU_READ_TIMEOUT = 600.0
 GPU_READ_TIMEOUT = 1800.0
 """A new batch shape on llvmpipe compiled its pipelines for 471 s cold in one measured run."""
 
@@ -49,7 +50,7 @@ class RealEngine:
     api_key: str
     process: subprocess.Popen[bytes]
     log: Path
-    read_timeout: float = 600.0
+    read_timeout: float = CPU_READ_TIMEOUT
     """How long toolpair in front of it waits for a response: a software Vulkan device compiles
     pipelines for each new batch shape, which takes minutes, not seconds."""
 
@@ -78,7 +79,7 @@ def start_real_engine(
         chat_template=TEMPLATE,
         logits_all=logprobs,
         n_gpu_layers=-1 if gpu else 0,
-        env={**(record.run_env if record else {}), **(devices.env if devices else {})},
+        env=record.process_env(devices) if record else {},
     )
     log = log_dir / f"llama-{launch.port}.log"
     with log.open("wb") as sink:
@@ -90,7 +91,8 @@ def start_real_engine(
             start_new_session=True,
             preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
         )
-    engine = RealEngine(launch.url, launch.api_key, process, log, read_timeout=GPU_READ_TIMEOUT if gpu else 600.0)
+    read_timeout = GPU_READ_TIMEOUT if gpu else CPU_READ_TIMEOUT
+    engine = RealEngine(launch.url, launch.api_key, process, log, read_timeout)
     if gpu:
         timeout = max(timeout, 600.0)  # a software Vulkan device compiles its shaders at start
     deadline = time.monotonic() + timeout

@@ -28,12 +28,14 @@ from engine_launcher.backends import (
     Backend,
     BuildPlan,
     Detection,
+    EngineDevices,
     build_plan,
 )
 from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
 from engine_launcher.install import (
     LLAMA_CPP_VERSION,
     BuildProgress,
+    EngineRecord,
     InstallError,
     build_directory,
     build_wheel,
@@ -314,3 +316,26 @@ def test_a_cuda_build_with_the_pypi_toolkit_installs_it_first_and_records_its_li
     }
     assert "-DGGML_CUDA_NO_VMM=ON" in record.cmake_args and record.gpu_offload is None  # no driver in FakeProbes
     assert read_record(venv / "share" / "toolpair" / "engine.json") == record
+
+
+def test_the_engine_libraries_are_found_without_loading_them(tmp_path: Path) -> None:
+    """A CUDA build against PyPI's toolkit cannot be imported without the toolkit's library path."""
+    env_dir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
+    package = site / "llama_cpp"
+    (package / "lib").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise OSError('libcublas.so.13: cannot open shared object file')\n")
+    assert install._engine_lib_dir(str(python)) == package / "lib"
+
+
+def test_a_builds_process_env_is_its_libraries_and_the_device_choice_made_here() -> None:
+    cuda = EngineRecord("cuda", "0.3.36", "w.whl", "0" * 64, None, [], run_env={"LD_LIBRARY_PATH": "/kit/lib"})
+    assert cuda.process_env() == {"LD_LIBRARY_PATH": "/kit/lib"}
+    software = EngineDevices(("llvmpipe",), {"GGML_VK_VISIBLE_DEVICES": "0"})
+    assert cuda.process_env(software) == {"LD_LIBRARY_PATH": "/kit/lib", "GGML_VK_VISIBLE_DEVICES": "0"}
+    # A device with a problem chooses nothing.
+    broken = EngineDevices((), {"GGML_VK_VISIBLE_DEVICES": "0"}, problem="no device")
+    assert cuda.process_env(broken) == {"LD_LIBRARY_PATH": "/kit/lib"}

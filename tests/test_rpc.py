@@ -122,9 +122,10 @@ class Worker:
                 command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=die_with_parent()
             )
         deadline = time.monotonic() + 30
-        while not _listening(self.port):
+        while not _listening(self.port) or "Devices:" not in self.log.read_text(errors="replace"):
             assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "the RPC worker did not start listening"
+            # rpc-server's own lines (endpoint, devices) reach a log file as they are said, not at exit
+            assert time.monotonic() < deadline, f"the RPC worker did not start and say so:\n{self.log.read_text()}"
             time.sleep(0.05)
         return self
 

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -226,3 +227,26 @@ async def test_responses_stream_and_not(served: Served) -> None:
         assert [item.name for item in done.output if item.type == "function_call"] == ["get_weather"]
         text = await client.responses.create(model="m", input="Say hi.", max_output_tokens=8, store=False)
         assert text.status in ("completed", "incomplete") and text.usage is not None
+
+
+@needs_vulkan_build
+def test_an_rpc_worker_on_the_vulkan_build_offers_the_vulkan_device(tmp_path: Path) -> None:
+    """The worker gets serve's device choice: without it llama.cpp would pass over a software device."""
+    env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
+    log = tmp_path / "worker.log"
+    with log.open("wb") as sink:
+        worker = subprocess.Popen(
+            [str(VULKAN_PYTHON), "-m", "proxy", "rpc-worker", "--port", str(free_port())],
+            stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=die_with_parent(),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        text = ""
+        while time.monotonic() < deadline and worker.poll() is None and "Vulkan0:" not in text:
+            time.sleep(0.5)
+            text = log.read_text(errors="replace")
+    finally:
+        worker.kill()
+        worker.wait()
+    assert "toolpair rpc-worker: device: llvmpipe" in text, text
+    assert "Vulkan0: llvmpipe" in text, f"rpc-server did not offer the Vulkan device:\n{text}"
