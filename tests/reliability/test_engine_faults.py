@@ -168,13 +168,22 @@ def _has_real_engine() -> bool:
     return True
 
 
-def _short(api: str, tokens: int) -> dict[str, object]:
-    """A short streamed prompt (the engine reads it fast) asking for up to ``tokens`` tokens."""
-    prompt = "Count from 1 to 300, one number per line."
+COUNTING = ", ".join(str(n) for n in range(1, 201)) + ","
+"""A sequence the bundled model continues, greedily, up to any ``max_tokens`` (400 measured in all three APIs).
+
+Asked to count, it answers in 6 to 50 tokens, which a fast CPU generates in the milliseconds between the
+first streamed chunk and the test's SIGKILL: the stream then ends whole and the kill proves nothing."""
+
+
+def _streamed(api: str, tokens: int) -> dict[str, object]:
+    """A streamed prompt (about 900 tokens, read in a second or two) generating exactly ``tokens`` tokens."""
     if api == "responses":
-        return {"model": "m", "input": prompt, "max_output_tokens": tokens, "stream": True, "store": False}
-    request = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "stream": True}
-    return request
+        return {
+            "model": "m", "input": COUNTING, "max_output_tokens": tokens, "temperature": 0, "stream": True,
+            "store": False,
+        }  # fmt: skip
+    messages = [{"role": "user", "content": COUNTING}]
+    return {"model": "m", "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True}
 
 
 @pytest.mark.skipif(not _has_real_engine(), reason="needs llama-cpp-python and the bundled model")
@@ -195,7 +204,7 @@ async def test_sigkill_of_the_real_engine_mid_stream_is_a_clean_error_for_each_a
             async with (
                 asyncio.timeout(60),
                 aiohttp.ClientSession() as session,
-                session.post(url + PATHS[api], json=_short(api, 400), headers=HEADERS) as response,
+                session.post(url + PATHS[api], json=_streamed(api, 400), headers=HEADERS) as response,
             ):
                 assert response.status == 200
                 head = await response.content.readany()  # the engine is streaming now
@@ -205,12 +214,12 @@ async def test_sigkill_of_the_real_engine_mid_stream_is_a_clean_error_for_each_a
             stream = check_stream(api, raw)
             assert stream.outcome == "error", raw[-500:]
             # While the engine is down: a clean 502 in the dialect, fast.
-            down = await post(url, api, _short(api, 2), deadline=10)
+            down = await post(url, api, _streamed(api, 2), deadline=10)
             assert down.status == 502 and down.toolpairs, down.body[:300]
             check_error_body(api, down.body)
             # Back on the same port: toolpair serves again, with no restart of its own.
             real = start_real_engine(tmp_path, port=port)
-            answer = await post(url, api, _short(api, 2), deadline=60)
+            answer = await post(url, api, _streamed(api, 2), deadline=60)
             assert answer.status == 200, answer.body[:300]
             assert check_stream(api, answer.body).outcome == "complete"
             count("engine_faults", "survived_sigkill_real_engine")
