@@ -612,3 +612,15 @@ def test_an_engine_built_for_a_cpu_with_more_instruction_sets_is_refused(monkeyp
     assert serve.plan_serve(Settings()).backend == "cpu"
     monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2"}))
     assert serve.plan_serve(Settings(), check_machine=False).backend == "cpu"
+
+
+def test_serve_on_a_cpu_without_the_builds_instruction_sets_exits_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512f"])
+    monkeypatch.setattr(serve, "read_record", lambda: built_on_avx512)
+    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert main(["serve", "--port", str(free_port())]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert said[-1].startswith("toolpair: the engine was built for another CPU: this one lacks avx512f,")
+    assert "Traceback" not in "\n".join(said)
