@@ -109,7 +109,7 @@ vulkan-check: $(VENV)/.deps-test vulkan-deps
 	scripts/vulkan_check.sh
 
 # A CUDA build (sm_90) with NVIDIA's toolkit from PyPI, on a machine without one, and what serve says
-# with no NVIDIA driver. Not part of `make test`: on 2 cores it takes hours (docs/engine.md).
+# with no NVIDIA driver. Not part of `make test`: 0.8 CPU hours of CUDA compiles, about 40 min on 2 idle cores (docs/engine.md).
 cuda-build-check: $(VENV)/.deps-test
 	scripts/cuda_build_check.sh
 

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     targets_path = Path(str(args.log) + ".targets")
     if not args.log.exists():
-        print(f"{args.log}: no compile was logged", file=sys.stderr)
+        print(f"{args.log}: no compile was logged (a cached wheel is not compiled again)", file=sys.stderr)
         return 1
     targets = targets_path.read_text().splitlines() if targets_path.exists() else []
     print(report(cost_by_kind(args.log.read_text(errors="replace").splitlines(), targets)))
