@@ -41,7 +41,9 @@ __all__ = [
     "SystemProbes",
     "build_plan",
     "child_env",
+    "cuda_architectures",
     "cuda_devices",
+    "runs_on_compute_capability",
     "detect_backend",
     "engine_devices",
     "install_hint",
@@ -298,12 +300,69 @@ def vulkan_devices(devices: Sequence[tuple[str, str]], env: Mapping[str, str]) -
     )
 
 
-def cuda_devices(gpus: Sequence[NvidiaGpu] | None, env: Mapping[str, str]) -> EngineDevices:
+CUDA_ARCHITECTURES_FLAG = "-DCMAKE_CUDA_ARCHITECTURES="
+
+
+def cuda_architectures(cmake_args: Sequence[str]) -> tuple[str, ...] | None:
+    """The CUDA architectures a build was compiled for, from its CMake flags; None when they do not say.
+
+    None means llama.cpp's own list (every architecture of its era) or CMake's ``native``/``all``:
+    nothing toolpair can hold against a GPU. The last flag wins, as in CMake.
+
+    >>> cuda_architectures(["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=80;90-real"])
+    ('80', '90-real')
+    >>> cuda_architectures(["-DCMAKE_CUDA_ARCHITECTURES=native"]) is None
+    True
+    """
+    value = next(
+        (a[len(CUDA_ARCHITECTURES_FLAG) :] for a in reversed(cmake_args) if a.startswith(CUDA_ARCHITECTURES_FLAG)), ""
+    )
+    archs = tuple(a for a in value.strip("\"'").replace(",", ";").split(";") if a)
+    if not archs or any(not re.fullmatch(r"\d+[af]?(-real|-virtual)?", a) for a in archs):
+        return None
+    return archs
+
+
+def runs_on_compute_capability(arch: str, capability: str) -> bool:
+    """Whether code compiled for CMake architecture ``arch`` runs on a GPU of ``capability`` (nvidia-smi's "8.6").
+
+    Machine code (``-real``) runs on its own major version at the same or a higher minor one; PTX
+    (``-virtual``) is compiled by the driver for any later GPU, at the first start; a bare number is
+    both. An ``a`` architecture runs only on its own capability, an ``f`` one on its family. llama.cpp
+    compiles a bare Blackwell number (``120``) as ``120a``, for its FP4 instructions.
+
+    >>> [runs_on_compute_capability("90", c) for c in ("8.0", "9.0", "10.0")]
+    [False, True, True]
+    >>> [runs_on_compute_capability("86-real", c) for c in ("8.6", "8.9", "9.0")]
+    [True, True, False]
+    """
+    found = re.fullmatch(r"(\d+)([af]?)(?:-(real|virtual))?", arch)
+    major, _, minor = capability.partition(".")
+    if found is None or not (major.isdigit() and minor.isdigit()):
+        return True  # nothing to hold against it
+    number, suffix, kind = int(found.group(1)), found.group(2), found.group(3)
+    if 120 <= number <= 129 and not suffix:
+        suffix = "a"  # ggml-cuda/CMakeLists.txt replaces 12X with 12Xa
+    gpu = int(major) * 10 + int(minor)
+    if suffix == "a":
+        return gpu == number
+    same_family = gpu // 10 == number // 10 and gpu >= number
+    if suffix == "f" or kind == "real":
+        return same_family
+    return gpu >= number  # PTX, with or without machine code beside it
+
+
+def cuda_devices(
+    gpus: Sequence[NvidiaGpu] | None, env: Mapping[str, str], architectures: Sequence[str] | None = None
+) -> EngineDevices:
     """The NVIDIA GPUs a CUDA build will use; ``gpus`` is what nvidia-smi lists, None when it is absent or fails.
 
     Without nvidia-smi there is no NVIDIA driver (it ships with it); with no
     visible GPU, llama.cpp's CUDA backend cannot start. Either way the engine
-    would fail or silently run on the CPU, so this is a problem to stop on.
+    would fail or silently run on the CPU, so this is a problem to stop on. So is
+    a GPU that none of the build's ``architectures`` runs on (a build made for
+    another machine's GPU): llama.cpp would stop at its first kernel with "no
+    kernel image is available".
 
     >>> print(cuda_devices(None, {}).problem)  # doctest: +ELLIPSIS
     this is a CUDA build of the engine, but no CUDA driver was found (no working nvidia-smi): ...
@@ -320,6 +379,15 @@ def cuda_devices(gpus: Sequence[NvidiaGpu] | None, env: Mapping[str, str]) -> En
         return EngineDevices(
             (), problem=f"this is a CUDA build of the engine, but no CUDA device is visible{hidden}: {todo}"
         )
+    if architectures:
+        for gpu in visible:
+            if gpu.compute_cap and not any(runs_on_compute_capability(a, gpu.compute_cap) for a in architectures):
+                return EngineDevices(
+                    (),
+                    problem=f"the engine was built for CUDA architectures {';'.join(architectures)}, which GPU "
+                    f"{gpu.index} ({gpu.name}, compute capability {gpu.compute_cap}) cannot run: run "
+                    "`toolpair engine install` to build it for this machine's GPUs",
+                )
     return EngineDevices(tuple(f"CUDA{i}: {g.name}" for i, g in enumerate(visible)))
 
 
@@ -379,10 +447,23 @@ class SystemProbes:
 
 
 ONEAPI_SETVARS = "/opt/intel/oneapi/setvars.sh"
+_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid,compute_cap", "--format=csv,noheader")
 
 
 def _oneapi(env: Mapping[str, str], probes: Probes) -> bool:
     return bool(env.get("ONEAPI_ROOT")) or probes.which("icpx") is not None or probes.exists(ONEAPI_SETVARS)
+
+
+def _cuda_gpus(env: Mapping[str, str], probes: Probes) -> list[NvidiaGpu]:
+    smi = probes.run(_SMI_QUERY)
+    if smi is None:
+        smi = probes.run(["nvidia-smi", "-L"])
+    return visible_cuda_gpus(parse_nvidia_smi(smi or ""), env)
+
+
+def _compute_capabilities(gpus: Sequence[NvidiaGpu]) -> tuple[str, ...]:
+    """The CMake architectures of ``gpus`` ("9.0" is "90"): a CUDA build is compiled for these (build_plan)."""
+    return tuple(dict.fromkeys(g.compute_cap.replace(".", "") for g in gpus if g.compute_cap))
 
 
 def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None = None) -> Detection:
@@ -392,18 +473,17 @@ def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None 
     """
     chosen = parse_backend(explicit) if explicit else None
     env_targets = tuple(t for t in env.get("AMDGPU_TARGETS", "").replace(",", ";").split(";") if t)
+    if chosen is Backend.CUDA:
+        return Detection(chosen, "chosen explicitly", _compute_capabilities(_cuda_gpus(env, probes)))
     if chosen is not None:
         targets = env_targets if chosen is Backend.HIP else ()
         if chosen is Backend.HIP and not targets:
             targets = tuple(kfd_gfx_targets(probes.kfd_properties()) or parse_rocminfo(probes.run(["rocminfo"]) or ""))
         return Detection(chosen, "chosen explicitly", targets)
 
-    smi = probes.run(["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap", "--format=csv,noheader"])
-    if smi is None:
-        smi = probes.run(["nvidia-smi", "-L"])
-    gpus = visible_cuda_gpus(parse_nvidia_smi(smi or ""), env)
+    gpus = _cuda_gpus(env, probes)
     if gpus:
-        caps = tuple(dict.fromkeys(g.compute_cap.replace(".", "") for g in gpus if g.compute_cap))
+        caps = _compute_capabilities(gpus)
         names = ", ".join(g.name for g in gpus)
         return Detection(Backend.CUDA, f"nvidia-smi: {len(gpus)} visible GPU(s): {names}", caps)
 
@@ -431,13 +511,18 @@ def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None 
     return Detection(Backend.CPU, reason)
 
 
-def engine_devices(backend: Backend, env: Mapping[str, str], probes: Probes) -> EngineDevices | None:
-    """The devices a ``backend`` build will use on this machine; None where toolpair does not look (CPU, HIP, ...)."""
+def engine_devices(
+    backend: Backend, env: Mapping[str, str], probes: Probes, cmake_args: Sequence[str] = ()
+) -> EngineDevices | None:
+    """The devices a ``backend`` build (made with ``cmake_args``) will use on this machine.
+
+    None where toolpair does not look (CPU, HIP, ...).
+    """
     if backend is Backend.VULKAN:
         return vulkan_devices(parse_vulkaninfo(probes.run(["vulkaninfo", "--summary"]) or ""), env)
     if backend is Backend.CUDA:
-        smi = probes.run(["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap", "--format=csv,noheader"])
-        return cuda_devices(None if smi is None else parse_nvidia_smi(smi), env)
+        smi = probes.run(_SMI_QUERY)
+        return cuda_devices(None if smi is None else parse_nvidia_smi(smi), env, cuda_architectures(cmake_args))
     return None
 
 
@@ -583,7 +668,8 @@ def build_plan(
     """CMake flags and environment for ``detection.backend``; the user's ``CMAKE_ARGS`` come last.
 
     ``portable`` (default ``TOOLPAIR_ENGINE_PORTABLE``) builds for llama.cpp's
-    baseline CPU instead of this one's, for images and other machines. ``amx``
+    baseline CPU instead of this one's, and for llama.cpp's list of CUDA
+    architectures instead of this machine's GPUs: for images and other machines. ``amx``
     (default ``TOOLPAIR_ENGINE_AMX``) keeps llama.cpp's AMX weight path in a
     native x86 build; see :data:`NO_AMX_FLAGS`.
     """
@@ -607,6 +693,18 @@ def build_plan(
             problems.append("no C++ compiler found (c++, g++ or clang++)")
     elif backend is Backend.CUDA:
         args = ("-DGGML_CUDA=on",)
+        if not portable and CUDA_ARCHITECTURES_FLAG not in " ".join(extra):
+            if detection.targets:
+                # The GPUs here, named: the wheel cache and the install record then say which GPUs the
+                # build is for, and serve refuses it on a GPU it cannot run on (llama.cpp's "native"
+                # would compile the same code under a flag that says nothing).
+                args += (CUDA_ARCHITECTURES_FLAG + ";".join(detection.targets),)
+            else:
+                problems.append(
+                    "no NVIDIA GPU here to compile for: name the GPUs the build is for with "
+                    "CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90 (their compute capability, 9.0 for an H100/H200), "
+                    "or use --portable for llama.cpp's list of architectures"
+                )
         choice = env.get("TOOLPAIR_CUDA_TOOLKIT", "").strip().lower()
         if choice not in ("", "auto", "system", "pypi"):
             problems.append(f"TOOLPAIR_CUDA_TOOLKIT={choice!r}: use auto, system or pypi")

@@ -528,7 +528,7 @@ def install_engine(
     previous = read_record(marker)
     backend = detection.backend
     # Loading the build needs its toolkit's libraries; using the device may need a device choice.
-    devices = engine_devices(backend, env, probes)
+    devices = engine_devices(backend, env, probes, plan.cmake_args)
     device_env = {} if devices is None or devices.problem else devices.env
     load_env = child_env(env, {**plan.run_env, **device_env})
     if previous and previous.sha256 == digest and previous.backend == detection.backend.value:

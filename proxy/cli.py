@@ -611,7 +611,13 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
         )
     assert record is not None
     # The worker offers the devices serve's engine would use, with the same environment (process_env).
-    devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0)) if record.gpu else None
+    devices = None
+    if record.gpu:
+        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
+    if devices is not None and devices.problem and record.backend == Backend.CUDA.value:
+        # As serve: rpc-server would fail to load the build, or at its first kernel.
+        print(f"toolpair rpc-worker: {devices.problem}", file=sys.stderr)
+        return 2
     if devices is not None and devices.problem:
         print(f"toolpair rpc-worker: warning: {devices.problem}", file=sys.stderr)
     elif devices is not None and devices.names:

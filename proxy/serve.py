@@ -342,7 +342,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
             )
     devices = None
     if record is not None and record.gpu and check_machine:
-        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0))
+        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
         if devices is not None and devices.problem:
             # A CUDA build with no driver or device fails to load or runs on the CPU unsaid: stop, in one line.
             if record.backend == Backend.CUDA.value:

@@ -70,7 +70,11 @@ def start_real_engine(
     """The engine as serve starts it, with logprobs on by default (tests compare distributions with it)."""
     record = read_record()
     gpu = record is not None and record.gpu
-    devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(10.0)) if gpu and record else None
+    devices = (
+        engine_devices(Backend(record.backend), os.environ, SystemProbes(10.0), record.cmake_args)
+        if gpu and record
+        else None
+    )
     launch = EngineLaunch(
         bundled_model(),
         port or free_port(),

@@ -17,6 +17,7 @@ from engine_launcher.backends import (
     NvidiaGpu,
     SystemProbes,
     build_plan,
+    cuda_architectures,
     cuda_devices,
     detect_backend,
     engine_devices,
@@ -26,6 +27,7 @@ from engine_launcher.backends import (
     parse_rocminfo,
     parse_sycl_ls,
     parse_vulkaninfo,
+    runs_on_compute_capability,
     visible_cuda_gpus,
     vulkan_devices,
 )
@@ -192,13 +194,13 @@ def test_build_plans_per_backend() -> None:
     hip_probes = FakeProbes({"hipconfig -l": "/opt/rocm/llvm/bin\n", "hipconfig -R": "/opt/rocm\n"}, tools=tools)
     cases = {
         Backend.CPU: ((), {}),
-        Backend.CUDA: (("-DGGML_CUDA=on",), {}),
+        Backend.CUDA: (("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"), {}),
         Backend.METAL: (("-DGGML_METAL=on",), {}),
         Backend.VULKAN: (("-DGGML_VULKAN=on",), {}),
         Backend.SYCL: (("-DGGML_SYCL=on", "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"), {}),
     }
     for backend, (args, extra_env) in cases.items():
-        plan = build_plan(Detection(backend, "test"), {}, FakeProbes(tools=tools, files=[CUBLAS]))
+        plan = build_plan(Detection(backend, "test", ("90",)), {}, FakeProbes(tools=tools, files=[CUBLAS]))
         # every backend can use RPC workers, and an x86 build leaves out the AMX weight path
         assert plan.cmake_args == (RPC_FLAG, *NO_AMX_FLAGS, *args) and plan.problems == ()
         assert plan.env == {"CMAKE_ARGS": " ".join((RPC_FLAG, *NO_AMX_FLAGS, *args)), **extra_env}
@@ -266,12 +268,18 @@ def test_system_probes_on_this_machine_answer_quickly() -> None:
 
 
 def test_without_nvcc_a_cuda_build_uses_nvidias_toolkit_from_pypi_in_a_directory_of_its_own() -> None:
-    plan = build_plan(Detection(Backend.CUDA, "t"), {"TOOLPAIR_CACHE": "/c"}, FakeProbes(tools=["c++"]))
+    plan = build_plan(Detection(Backend.CUDA, "t", ("90",)), {"TOOLPAIR_CACHE": "/c"}, FakeProbes(tools=["c++"]))
     assert plan.problems == () and plan.toolkit is not None
     root = Path("/c/cuda-toolkit/cu13.0/nvidia/cu13")
     assert plan.toolkit.root == root and any(p.startswith("nvidia-cuda-nvcc==13.") for p in plan.toolkit.packages)
     assert plan.env["CUDACXX"] == str(root / "bin" / "nvcc") and plan.env["CUDAToolkit_ROOT"] == str(root)
-    assert plan.cmake_args == (RPC_FLAG, *NO_AMX_FLAGS, "-DGGML_CUDA=on", CUDA_NO_VMM_FLAG)
+    assert plan.cmake_args == (
+        RPC_FLAG,
+        *NO_AMX_FLAGS,
+        "-DGGML_CUDA=on",
+        "-DCMAKE_CUDA_ARCHITECTURES=90",
+        CUDA_NO_VMM_FLAG,
+    )
     assert plan.run_env == {"LD_LIBRARY_PATH": str(root / "lib")}  # the engine loads cudart and cuBLAS from there
     # A system toolkit with cuBLAS, or the user's own nvcc in one, wins: nothing is fetched and VMM stays on.
     for env, probes in (
@@ -340,3 +348,79 @@ def test_vulkan_headers_too_old_for_llama_cpp_are_named_before_the_build() -> No
     assert plan.problems == () and plan.cmake_args[-1] == "-DVulkan_INCLUDE_DIR=/h/usr/include"
     recent = FakeProbes({"grep -m1 #define VK_HEADER_VERSION": "#define VK_HEADER_VERSION 309\n"}, tools=["glslc"])
     assert build_plan(Detection(Backend.VULKAN, "t"), {}, recent).problems == ()
+
+
+def test_a_cuda_build_is_compiled_for_the_gpus_here() -> None:
+    """One architecture instead of llama.cpp's whole list: a fraction of the compile."""
+    tools, files = ["nvcc"], [CUBLAS]
+    two = FakeProbes({SMI: captured("nvidia-smi-query-two.txt")}, tools=tools, files=files)
+    detected = detect_backend({}, two)
+    assert detected.targets == ("89", "86")
+    plan = build_plan(detected, {}, two)
+    assert plan.cmake_args[-1] == "-DCMAKE_CUDA_ARCHITECTURES=89;86"
+    assert cuda_architectures(plan.cmake_args) == ("89", "86")
+    # Asked for explicitly, CUDA is still compiled for the GPUs nvidia-smi lists (the visible ones).
+    h200 = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")}, tools=tools, files=files)
+    assert detect_backend({}, h200, explicit="cuda").targets == ("90",)
+    assert detect_backend({"CUDA_VISIBLE_DEVICES": "1"}, two, explicit="cuda").targets == ("86",)
+    # No GPU here (a build box), a portable build, or the user's own list: llama.cpp's or the user's.
+    bare = FakeProbes(tools=tools, files=files)
+    blind = build_plan(detect_backend({}, bare, "cuda"), {}, bare)
+    assert cuda_architectures(blind.cmake_args) is None
+    assert blind.problems == (
+        "no NVIDIA GPU here to compile for: name the GPUs the build is for with "
+        "CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90 (their compute capability, 9.0 for an H100/H200), "
+        "or use --portable for llama.cpp's list of architectures",
+    )
+    assert cuda_architectures(build_plan(detected, {}, two, portable=True).cmake_args) is None
+    mine = build_plan(detected, {"CMAKE_ARGS": "-DCMAKE_CUDA_ARCHITECTURES=120a-real"}, two)
+    assert [a for a in mine.cmake_args if "ARCHITECTURES" in a] == ["-DCMAKE_CUDA_ARCHITECTURES=120a-real"]
+    assert cuda_architectures(mine.cmake_args) == ("120a-real",)
+    # Other backends never get it.
+    assert not any("CUDA_ARCH" in a for a in build_plan(Detection(Backend.CPU, "t", ("90",)), {}, two).cmake_args)
+
+
+@pytest.mark.parametrize(
+    ("arch", "runs_on", "not_on"),
+    [
+        ("90", ["9.0", "10.0", "12.0"], ["8.9", "8.0"]),  # machine code and PTX: later GPUs compile the PTX
+        ("86-real", ["8.6", "8.9"], ["8.0", "9.0"]),  # machine code alone: its major version, same minor or later
+        ("80-virtual", ["8.0", "9.0"], ["7.5"]),
+        ("90a", ["9.0"], ["10.0", "8.9"]),  # Hopper-only instructions
+        ("100f-real", ["10.0", "10.3"], ["12.0", "9.0"]),  # a family
+        ("120", ["12.0"], ["12.1", "9.0"]),  # llama.cpp builds it as 120a
+    ],
+)
+def test_which_gpus_a_cuda_architecture_runs_on(arch: str, runs_on: list[str], not_on: list[str]) -> None:
+    assert all(runs_on_compute_capability(arch, cap) for cap in runs_on)
+    assert not any(runs_on_compute_capability(arch, cap) for cap in not_on)
+
+
+def test_cuda_architectures_that_say_nothing_about_a_gpu_hold_nothing_against_it() -> None:
+    for value in ("native", "all", "all-major", ""):
+        assert cuda_architectures([f"-DCMAKE_CUDA_ARCHITECTURES={value}"]) is None
+    assert cuda_architectures(["-DGGML_CUDA=on"]) is None
+    assert cuda_architectures(["-DCMAKE_CUDA_ARCHITECTURES=80", "-DCMAKE_CUDA_ARCHITECTURES=90"]) == ("90",)
+    assert runs_on_compute_capability("90", "") and runs_on_compute_capability("odd", "9.0")
+
+
+def test_a_cuda_build_for_another_gpu_is_one_line_saying_what_to_do() -> None:
+    h200 = parse_nvidia_smi(captured("nvidia-smi-query-h200.txt"))
+    ampere_only = cuda_devices(h200, {}, ("80-real", "86-real")).problem
+    assert ampere_only == (
+        "the engine was built for CUDA architectures 80-real;86-real, which GPU 0 (NVIDIA H200, compute "
+        "capability 9.0) cannot run: run `toolpair engine install` to build it for this machine's GPUs"
+    )
+    assert cuda_devices(h200, {}, ("80",)).problem is None  # its PTX runs on the H200
+    assert cuda_devices(h200, {}, ("90",)).names == ("CUDA0: NVIDIA H200",)
+    # Each visible GPU must be able to run it; a hidden one need not.
+    two = parse_nvidia_smi(captured("nvidia-smi-query-two.txt"))
+    assert "GPU 1 (NVIDIA GeForce RTX 3060, compute capability 8.6)" in (
+        cuda_devices(two, {}, ("89-real",)).problem or ""
+    )
+    assert cuda_devices(two, {"CUDA_VISIBLE_DEVICES": "0"}, ("89-real",)).problem is None
+    # From the build's CMake flags, through the machine's probes.
+    smi = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
+    flags = ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
+    assert engine_devices(Backend.CUDA, {}, smi, flags) == cuda_devices(h200, {}, ("86-real",))
+    assert engine_devices(Backend.CUDA, {}, smi, ["-DGGML_CUDA=on"]).problem is None  # llama.cpp's own list

@@ -219,12 +219,15 @@ def test_install_from_the_cache_verify_and_record(tmp_path: Path, venv: Path, mo
     unverified = install_engine("cuda", python=python, cache=cache, probes=no_gpu, out=out)
     assert (unverified.backend, unverified.gpu_offload) == ("cuda", None)
     assert "no cuda device here, so GPU offload is not verified" in out.getvalue()
+    # Compiled for llama.cpp's list of architectures (no GPU to ask), so a wheel of its own.
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" not in unverified.cmake_args and built == [Backend.CUDA] * 2
 
     monkeypatch.setenv("FAKE_LLAMA_GPU", "1")
     cuda = install_engine("cuda", python=python, cache=cache, probes=h200, out=io.StringIO())
     assert (cuda.backend, cuda.gpu_offload) == ("cuda", True)
-    assert cuda.cmake_args == [RPC_FLAG, *NO_AMX_FLAGS, "-DGGML_CUDA=on"]
-    assert built == [Backend.CUDA]  # the cuda wheel is now cached and reused
+    # compiled for the H200 here (compute capability 9.0), not every architecture llama.cpp lists
+    assert cuda.cmake_args == [RPC_FLAG, *NO_AMX_FLAGS, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    assert built == [Backend.CUDA] * 2  # the H200's wheel, built first, is cached and reused
 
 
 def test_each_set_of_cmake_flags_has_its_own_wheel_directory(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from engine_launcher.rpc import parse_endpoints, split_endpoint, unreachable
 from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
+from tests.test_backends import FakeProbes
 from tests.test_serve import client, launch_serve, ready_status, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,6 +95,28 @@ def test_rpc_worker_without_rpc_server_says_how_to_get_it(
     monkeypatch.setattr("engine_launcher.install.read_record", lambda: None)
     assert main(["rpc-worker"]) == 1
     assert "rpc-server is not installed in this environment: run `toolpair engine install`" in capsys.readouterr().err
+
+
+def test_rpc_worker_on_a_cuda_build_for_another_gpu_stops_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Like serve: rpc-server would start, then fail at the first kernel a client sends it."""
+    server = tmp_path / "rpc-server"
+    server.write_text("#!/bin/sh\nexit 0\n")
+    server.chmod(0o755)
+    flags = [RPC_FLAG, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
+    built = EngineRecord("cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server))
+    monkeypatch.setattr("engine_launcher.install.read_record", lambda: built)
+    h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"})
+    monkeypatch.setattr("engine_launcher.backends.SystemProbes", lambda timeout: h200)
+
+    def started(*args: object) -> None:
+        raise AssertionError(f"rpc-server was started: {args}")
+
+    monkeypatch.setattr("os.execve", started)  # a regression must fail here, not replace pytest
+    assert main(["rpc-worker"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("toolpair rpc-worker: the engine was built for CUDA architectures 86-real, which GPU 0")
 
 
 # --- two real workers on loopback ---------------------------------------------------------------

@@ -35,6 +35,7 @@ from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
+from tests.test_backends import FakeProbes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -515,7 +516,9 @@ def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPa
 def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
     monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found"))
-    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: EngineDevices(("CUDA0: A",)))
+    monkeypatch.setattr(
+        serve, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: A",))
+    )
     plan = serve.plan_serve(Settings())
     assert plan.warnings == [
         "the engine is built for cuda, but this machine gets cpu (no GPU found); "
@@ -576,7 +579,7 @@ def test_a_cuda_build_without_a_driver_stops_serve_in_one_line_saying_what_to_do
 def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("vulkan"))
     software = EngineDevices(("llvmpipe (LLVM 15.0.6, 256 bits)",), {"GGML_VK_VISIBLE_DEVICES": "0"}, "software")
-    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: software)
+    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes, cmake_args=(): software)
     plan = serve.plan_serve(Settings(), out=io.StringIO())
     assert plan.launch.n_gpu_layers == -1 and plan.launch.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
     assert serve.engine_env(plan.launch, {})["GGML_VK_VISIBLE_DEVICES"] == "0"
@@ -593,7 +596,9 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
     # A CUDA build's run-time libraries from PyPI reach the engine too.
     pypi = dataclasses.replace(record("cuda"), run_env={"LD_LIBRARY_PATH": "/kit/lib"})
     monkeypatch.setattr(serve, "read_record", lambda: pypi)
-    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes: EngineDevices(("CUDA0: NVIDIA H200",)))
+    monkeypatch.setattr(
+        serve, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: NVIDIA H200",))
+    )
     cuda = serve.plan_serve(Settings(), out=io.StringIO())
     assert serve.engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
 
@@ -624,3 +629,21 @@ def test_serve_on_a_cpu_without_the_builds_instruction_sets_exits_in_one_line(
     said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert said[-1].startswith("toolpair: the engine was built for another CPU: this one lacks avx512f,")
     assert "Traceback" not in "\n".join(said)
+
+
+def test_a_cuda_build_for_another_gpu_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp would load it, then stop at its first kernel: "no kernel image is available"."""
+    ampere = dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"])
+    monkeypatch.setattr(serve, "read_record", lambda: ampere)
+    h200 = "0, NVIDIA H200, GPU-1, 9.0\n"
+    monkeypatch.setattr(serve, "SystemProbes", lambda timeout: FakeProbes({"nvidia-smi --query-gpu": h200}))
+    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CUDA, "nvidia-smi"))
+    with pytest.raises(ConfigError) as refused:
+        serve.plan_serve(Settings(), out=io.StringIO())
+    assert str(refused.value) == (
+        "the engine was built for CUDA architectures 86-real, which GPU 0 (NVIDIA H200, compute "
+        "capability 9.0) cannot run: run `toolpair engine install` to build it for this machine's GPUs"
+    )
+    hopper = dataclasses.replace(ampere, cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"])
+    monkeypatch.setattr(serve, "read_record", lambda: hopper)
+    assert serve.plan_serve(Settings(), out=io.StringIO()).launch.n_gpu_layers == -1
