@@ -16,7 +16,8 @@ carries one row (1 MiB) instead of up to n_batch rows, and neither step copies
 or writes the rest. And the cache counts each entry's logits and token arrays
 against its bound, so ``cache_size`` is what the cache holds.
 
-Also here, before the model loads: :func:`keep_weights_off_amx`.
+Also here, before the model loads: :func:`keep_weights_off_amx`, and
+:func:`parse_tool_call_arguments` for the chat templates of current models.
 """
 
 from __future__ import annotations
@@ -31,8 +32,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine_launcher.backends import truthy
+from engine_launcher.tool_call_arguments import render_with_object_arguments
 
-__all__ = ["bound_prompt_cache", "extra_buffer_types", "keep_weights_off_amx", "load_without_extra_buffers", "main"]
+__all__ = [
+    "bound_prompt_cache",
+    "extra_buffer_types",
+    "keep_weights_off_amx",
+    "load_without_extra_buffers",
+    "main",
+    "parse_tool_call_arguments",
+]
 
 AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
 
@@ -74,6 +83,36 @@ def _first_logits_row(model: Any) -> Iterator[None]:
         yield
     finally:
         model.scores = scores
+
+
+def parse_tool_call_arguments() -> None:
+    """Have the engine's chat-template formatters render tool-call arguments as objects.
+
+    Both ways llama-cpp-python renders a Jinja template: a model's own (``Jinja2ChatFormatter``)
+    and a template file (``--chat_format hf-tokenizer-config``, what ``serve --chat-template-file``
+    and the bundled model use). See :mod:`engine_launcher.tool_call_arguments`.
+    """
+    chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
+    if getattr(chat_format, "_toolpair_object_arguments", False):
+        return
+    format_gguf_template = chat_format.Jinja2ChatFormatter.__call__
+
+    def format_with_object_arguments(self: Any, *, messages: Any, **kwargs: Any) -> Any:
+        return render_with_object_arguments(lambda m: format_gguf_template(self, messages=m, **kwargs), messages)
+
+    template_file_formatter = chat_format.hf_tokenizer_config_to_chat_formatter
+
+    def template_file_formatter_with_object_arguments(config: Any, add_generation_prompt: bool = True) -> Any:
+        format_template_file = template_file_formatter(config, add_generation_prompt=add_generation_prompt)
+
+        def format_file_with_object_arguments(messages: Any, **kwargs: Any) -> Any:
+            return render_with_object_arguments(lambda m: format_template_file(messages=m, **kwargs), messages)
+
+        return format_file_with_object_arguments
+
+    chat_format.Jinja2ChatFormatter.__call__ = format_with_object_arguments
+    chat_format.hf_tokenizer_config_to_chat_formatter = template_file_formatter_with_object_arguments
+    chat_format._toolpair_object_arguments = True
 
 
 def extra_buffer_types() -> list[str]:
@@ -147,6 +186,7 @@ def main() -> None:
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     bound_prompt_cache()
+    parse_tool_call_arguments()
     keep_weights_off_amx()
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -1,0 +1,156 @@
+"""Tool-call arguments reach the engine's chat template as objects: the pure core, then a real serve.
+
+The real part: ``toolpair serve`` on the bundled model with Qwen3-Coder's own chat template
+(``--chat-template-file``), which walks each call's arguments (``arguments|items``). llama-cpp-python
+alone hands it the client's JSON string, fails, and every conversation with tool calls got a 502.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from anthropic import AsyncAnthropic
+
+from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
+from tests.test_check_template import survey
+from tests.test_serve import client, start_serve
+
+
+def _call(call_id: str, arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+
+
+def test_only_json_object_strings_are_parsed_and_nothing_is_mutated() -> None:
+    calls = [
+        _call("a", '{"city": "Paris"}'),
+        _call("b", "not json"),
+        _call("c", "[1, 2]"),  # JSON, not an object
+        _call("d", {"city": "Oslo"}),  # an object already
+        _call("e", 7),
+    ]
+    sent = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    before = json.dumps(sent)
+    parsed = with_object_arguments(sent)
+    assert json.dumps(sent) == before and parsed is not sent
+    assert parsed[0] is sent[0]  # a message without calls is the same object
+    arguments = [c["function"]["arguments"] for c in parsed[1]["tool_calls"]]
+    assert arguments[0] == {"city": "Paris"} and str(arguments[0]) == '{"city": "Paris"}'
+    assert arguments[1:] == ["not json", "[1, 2]", {"city": "Oslo"}, 7]
+    assert [c is o for c, o in zip(parsed[1]["tool_calls"], calls, strict=True)] == [False, True, True, True, True]
+    plain = with_object_arguments(sent, printable=False)[1]["tool_calls"][0]["function"]["arguments"]
+    assert type(plain) is dict and plain == {"city": "Paris"}
+    nothing = [{"role": "assistant", "content": "x", "tool_calls": [_call("a", "{}x")]}]
+    assert with_object_arguments(nothing) is nothing
+
+
+def test_objects_first_and_the_clients_strings_where_a_template_fails_on_objects() -> None:
+    sent = [{"role": "assistant", "tool_calls": [_call("a", '{"city":"Paris"}')]}]
+    seen: list[Any] = []
+
+    def wants_strings(messages: Any) -> str:
+        arguments = messages[0]["tool_calls"][0]["function"]["arguments"]
+        seen.append(type(arguments))
+        return "name\n" + arguments  # functionary's way: str + dict raises TypeError
+
+    assert render_with_object_arguments(wants_strings, sent) == 'name\n{"city":"Paris"}'
+    assert seen == [ParsedArguments, str]
+
+    def fails_either_way(messages: Any) -> str:
+        raise ValueError(f"no {type(messages[0]['tool_calls'][0]['function']['arguments']).__name__}")
+
+    with pytest.raises(ValueError, match="no str"):  # the error the engine gave before anything was parsed
+        render_with_object_arguments(fails_either_way, sent)
+
+
+# --- a real serve with a real model's template ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_coder_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("qwen3-coder-template")
+    text = (Path(survey.fetch_templates()) / "Qwen3-Coder.jinja").read_text()
+    config = tmp / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": text, "bos_token": "", "eos_token": "<|im_end|>"}))
+    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
+    try:
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        assert "Traceback" not in err.read_text()
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen3_coder_served: str) -> None:
+    """Two calls of one tool, results in finish order: the main case, on a template that needs objects."""
+    messages: list[Any] = [
+        {"role": "user", "content": "Weather in Paris and Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("call_paris", '{"city": "Paris"}'), _call("call_oslo", '{"city": "Oslo"}')],
+        },
+        {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C"},
+        {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C"},
+    ]
+    async with client(qwen3_coder_served) as api:
+        for stream in (False, True):
+            if stream:
+                chunks = await api.chat.completions.create(
+                    model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=8, temperature=0, stream=True
+                )
+                finishes = [c.choices[0].finish_reason async for c in chunks if c.choices]
+                assert finishes[-1] in ("stop", "length", "tool_calls")
+            else:
+                done = await api.chat.completions.create(
+                    model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=8, temperature=0
+                )
+                assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
+                assert done.usage is not None and done.usage.prompt_tokens > 100  # the template's tool prompt
+
+
+async def test_a_template_that_walks_the_arguments_serves_anthropic_tool_results(qwen3_coder_served: str) -> None:
+    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    async with AsyncAnthropic(base_url=qwen3_coder_served, api_key="any", max_retries=0, timeout=120) as api:
+        answer = await asyncio.wait_for(
+            api.messages.create(
+                model="m",
+                max_tokens=8,
+                tools=[tool],
+                messages=[
+                    {"role": "user", "content": "Weather in Paris and Oslo?"},
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "tool_use", "id": "toolu_p", "name": "get_weather", "input": {"city": "Paris"}},
+                            {"type": "tool_use", "id": "toolu_o", "name": "get_weather", "input": {"city": "Oslo"}},
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "toolu_o", "content": "Oslo: -3C"},
+                            {"type": "tool_result", "tool_use_id": "toolu_p", "content": "Paris: 18C"},
+                        ],
+                    },
+                ],
+            ),
+            120,
+        )
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert answer.usage.input_tokens > 100
