@@ -162,7 +162,7 @@ def markdown(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> str:
         "the wrong pairing. toolpair puts them back into call order first.",
         "",
         "| verdict | meaning | as transformers renders (vLLM, llama-server `--jinja`) "
-        "| as llama-cpp-python renders (`toolpair serve`) |",
+        "| as `toolpair serve` renders (llama-cpp-python, arguments as objects) |",
         "|---|---|---:|---:|",
     ]
     for pairing in Pairing:
@@ -175,13 +175,15 @@ def markdown(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> str:
         "",
         "llama-cpp-python (0.3.36) renders a model's own template in transformers' Jinja dialect, but hands",
         "it each tool call's arguments as the JSON string the client sent, where transformers, vLLM and",
-        "llama-server hand over the parsed object. Templates that walk the arguments (`arguments|items`)",
-        "then fail, and so does every request with tool calls that `toolpair serve` forwards for such a",
-        "model, unless it is given a template that takes strings (`--chat-template-file`).",
+        "llama-server hand over the parsed object, and templates written for them walk it (`arguments|items`)",
+        "and fail on a string. `toolpair serve`'s engine parses the arguments into objects before the template",
+        "sees them, and gives the client's strings to a template that fails on objects (functionary's is",
+        "written for strings): the last column is what it renders. A template file (`--chat-template-file`)",
+        "gets plain jinja2 there, without transformers' loop controls and `generation` tag.",
         "",
         "## Templates",
         "",
-        "| template | as transformers renders | as llama-cpp-python renders |",
+        "| template | as transformers renders | as `toolpair serve` renders |",
         "|---|---|---|",
     ]
     lines += [f"| {name} | {_cell(hf_v)} | {_cell(lcp_v)} |" for name, hf_v, lcp_v in rows]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -42,6 +43,8 @@ from jinja2 import Template, TemplateError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
 
 __all__ = [
     "CALL_IDS",
@@ -110,7 +113,8 @@ class RenderStyle(Enum):
     ``toolpair serve`` does for ``--chat-template-file`` and for a model without a template): plain
     jinja2, an empty assistant message appended to open the reply, given ``messages``, ``bos_token``,
     ``eos_token`` and the request's ``tools``, but no ``raise_exception`` and no ``add_generation_prompt``.
-    Either way the tool-call arguments stay the JSON strings the client sent.
+    Either way ``toolpair serve``'s engine hands the template tool-call arguments as objects, and as
+    the client's JSON strings where it fails on objects (:mod:`engine_launcher.tool_call_arguments`).
     """
 
     GGUF = "gguf"
@@ -203,8 +207,8 @@ class _Generation(Extension):
 class Renderer(Enum):
     """Who renders the template.
 
-    ``llama-cpp-python``: the engine ``toolpair serve`` runs (see :class:`RenderStyle`); tool-call
-    arguments stay the JSON strings the client sent.
+    ``llama-cpp-python``: the engine ``toolpair serve`` runs (see :class:`RenderStyle`), with
+    toolpair's arguments as objects, else as strings.
     ``transformers``: Hugging Face transformers' ``apply_chat_template``, which vLLM uses and whose
     dialect llama-server's ``--jinja`` follows: its Jinja dialect, and arguments parsed into objects.
     """
@@ -229,14 +233,6 @@ def _compiled(text: str, hf_dialect: bool) -> Template:
     return _environment(hf_dialect).from_string(text)
 
 
-def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
-    calls = message.get("tool_calls")
-    if not calls:
-        return message
-    parsed = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}} for c in calls]
-    return {**message, "tool_calls": parsed}
-
-
 def render(
     source: TemplateSource, messages: list[dict[str, Any]], renderer: Renderer = Renderer.LLAMA_CPP_PYTHON
 ) -> str:
@@ -250,7 +246,8 @@ def render(
     """
     tokenizer_config = renderer is Renderer.LLAMA_CPP_PYTHON and source.style is RenderStyle.TOKENIZER_CONFIG
     template = _compiled(source.text, hf_dialect=not tokenizer_config)
-    if tokenizer_config:
+
+    def render_template_file(messages: Sequence[Any]) -> str:
         return template.render(
             messages=[*messages, {"role": "assistant", "content": ""}],
             bos_token=source.bos_token,
@@ -260,20 +257,24 @@ def render(
             tools=[TOOL],
             tool_choice=None,
         )
+
+    def render_hf_dialect(messages: Sequence[Any]) -> str:
+        return template.render(
+            messages=messages,
+            eos_token=source.eos_token,
+            bos_token=source.bos_token,
+            raise_exception=_raise_exception,
+            add_generation_prompt=True,
+            functions=None,
+            function_call=None,
+            tools=[TOOL],
+            tool_choice=None,
+            strftime_now=_strftime_now,
+        )
+
     if renderer is Renderer.TRANSFORMERS:
-        messages = [_parsed_arguments(m) for m in messages]
-    return template.render(
-        messages=messages,
-        eos_token=source.eos_token,
-        bos_token=source.bos_token,
-        raise_exception=_raise_exception,
-        add_generation_prompt=True,
-        functions=None,
-        function_call=None,
-        tools=[TOOL],
-        tool_choice=None,
-        strftime_now=_strftime_now,
-    )
+        return render_hf_dialect(with_object_arguments(messages, printable=False))
+    return render_with_object_arguments(render_template_file if tokenizer_config else render_hf_dialect, messages)
 
 
 def _attempt(source: TemplateSource, order: tuple[int, ...], renderer: Renderer) -> str | BaseException:

@@ -683,10 +683,10 @@ def _run_check_template(args: argparse.Namespace) -> int:
     if other is not None and other.exit_status != 2:
         print(
             _wrapped(
-                "llama-cpp-python cannot render it (it hands templates tool-call arguments as JSON strings, and "
-                "a template file gets plain jinja2): toolpair serve would fail on requests with tool calls; give "
-                "it a template it can render with --chat-template-file. Rendered the way transformers renders it "
-                "(vLLM; llama-server --jinja follows its dialect):"
+                "llama-cpp-python cannot render it as toolpair serve gives it (a template file gets plain jinja2, "
+                "without transformers' loop controls and generation tag): toolpair serve would fail on requests "
+                "with tool calls; give it a template it can render with --chat-template-file. Rendered the way "
+                "transformers renders it (vLLM; llama-server --jinja follows its dialect):"
             )
         )
         print(f"verdict as transformers renders it: {other.pairing.value}: {headline(other.pairing)}")

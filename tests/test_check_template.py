@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from engine_launcher import models
+from engine_launcher import engine_main, models
 from engine_launcher.template_check import (
     TOOL,
-    Pairing,
     Renderer,
     RenderStyle,
     TemplateSource,
@@ -112,14 +111,25 @@ def test_the_command_gives_each_real_template_its_verdict_and_exit_status(
     assert f"verdict: {verdict}:" in out
 
 
-def test_the_llama_cpp_python_failures_are_told_with_the_verdict_other_engines_get(templates: Path) -> None:
-    # Qwen3-Coder walks tool_call.arguments|items: llama-cpp-python passes the arguments as a JSON string
+def test_a_template_that_walks_the_arguments_gets_the_verdict_of_the_engine_that_parses_them(templates: Path) -> None:
+    # Qwen3-Coder walks tool_call.arguments|items: serve's engine hands it objects, not llama-cpp-python's strings
     done = check("--template", str(templates / "Qwen3-Coder.jinja"))
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "verdict: fails:" in done.stdout
-    assert "Can only get item pairs from a mapping" in done.stdout
-    assert "verdict as transformers renders it: position:" in done.stdout  # the answer for vLLM users
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "verdict: position:" in done.stdout
+    assert "fails" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_engines_failures_are_told_with_the_verdict_other_engines_get(
+    templates: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given as a file, Kimi K3's {%- break -%} meets plain jinja2 in the engine; transformers' dialect has it
+    config = tmp_path / "tokenizer_config.json"
+    text = (templates / "Kimi-K3.jinja").read_text()
+    config.write_text(json.dumps({"chat_template": text, "bos_token": "<s>", "eos_token": "</s>"}))
+    code, out = check_here(capsys, "--template", str(config))
+    assert code == 2 and "verdict: fails:" in out
+    assert "a template file gets plain jinja2" in out
+    assert "verdict as transformers renders it: self-ordered:" in out  # the answer for vLLM users
 
 
 def test_a_template_file_is_rendered_with_plain_jinja_as_the_engine_renders_it(
@@ -147,7 +157,9 @@ def test_a_template_that_cannot_render_parallel_calls_says_so_in_its_own_words(t
     [
         ("Qwen-Qwen2.5-7B-Instruct", "position"),
         ("mistralai-Mistral-Nemo-Instruct-2407", "id"),
-        ("Qwen3-Coder", "fails"),  # tool_call.arguments|items on the JSON string llama-cpp-python passes
+        ("Qwen3-Coder", "position"),  # tool_call.arguments|items: on the object serve's engine passes
+        ("meetkai-functionary-medium-v3.2", "position"),  # '>>>' + name + '\\n' + arguments: a string
+        ("deepseek-ai-DeepSeek-V3.2", "position"),  # arguments|from_json where it is a string: no such filter
         ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "id-mapped"),
         ("Kimi-K3", "self-ordered"),  # {% break %}: the engine's formatter has jinja2's loop controls
         ("meta-llama-Llama-3.1-8B-Instruct", "no-parallel"),
@@ -158,26 +170,61 @@ def test_rendered_as_llama_cpp_python_renders(templates: Path, name: str, as_lla
     assert check_template(source, Renderer.LLAMA_CPP_PYTHON).pairing.value == as_llama_cpp_python
 
 
-def test_the_renderer_renders_a_gguf_template_as_llama_cpp_pythons_own_formatter(templates: Path) -> None:
-    """The check renders what the engine would: compared with llama-cpp-python's Jinja2ChatFormatter."""
+@pytest.fixture
+def engine_chat_format(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """llama-cpp-python's chat formatters as serve's engine process has them (engine_main), for this test only."""
     chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
-    for name in ("Qwen-Qwen2.5-7B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Kimi-K3"):
+    monkeypatch.setattr(chat_format.Jinja2ChatFormatter, "__call__", chat_format.Jinja2ChatFormatter.__call__)
+    monkeypatch.setattr(
+        chat_format, "hf_tokenizer_config_to_chat_formatter", chat_format.hf_tokenizer_config_to_chat_formatter
+    )
+    monkeypatch.setattr(chat_format, "_toolpair_object_arguments", False, raising=False)
+    monkeypatch.setattr(chat_format, "unpatched_template_file_formatter", None, raising=False)
+    chat_format.unpatched_template_file_formatter = chat_format.hf_tokenizer_config_to_chat_formatter
+    engine_main.parse_tool_call_arguments()
+    return chat_format
+
+
+def test_the_renderer_renders_a_gguf_template_as_the_engines_formatter(
+    templates: Path, engine_chat_format: Any
+) -> None:
+    """The check renders what the engine would: compared with llama-cpp-python's Jinja2ChatFormatter in it."""
+    names = (
+        "Qwen-Qwen2.5-7B-Instruct",  # arguments|tojson: an object
+        "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+        "Kimi-K3",
+        "Qwen3-Coder",  # arguments|items
+        "meetkai-functionary-medium-v3.2",  # fails on objects: rendered with the client's strings
+    )
+    for name in names:
         text = (templates / f"{name}.jinja").read_text()
         for order in ((0, 1), (1, 0)):
             messages = conversation(order)
-            formatter = chat_format.Jinja2ChatFormatter(template=text, eos_token="</s>", bos_token="<s>")
+            formatter = engine_chat_format.Jinja2ChatFormatter(template=text, eos_token="</s>", bos_token="<s>")
             theirs = formatter(messages=messages, tools=[TOOL])
             assert render(TemplateSource(text), messages) == theirs.prompt, name
-    # and fails where it fails: Qwen3-Coder walks the arguments, which the engine leaves a JSON string
+            assert messages == conversation(order)  # the caller's messages are untouched
+    qwen = (templates / "Qwen3-Coder.jinja").read_text()
+    assert '"Paris"' not in render(TemplateSource(qwen), conversation((0,)))  # not a JSON string in the prompt
+    assert "<parameter=city>\nParis\n</parameter>" in render(TemplateSource(qwen), conversation((0,)))
+
+
+def test_without_the_engines_parsing_llama_cpp_python_fails_on_templates_that_walk_the_arguments(
+    templates: Path,
+) -> None:
+    chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
+    if getattr(chat_format, "_toolpair_object_arguments", False):
+        pytest.fail("the engine's parsing leaked out of a test into this process")
     text = (templates / "Qwen3-Coder.jinja").read_text()
     formatter = chat_format.Jinja2ChatFormatter(template=text, eos_token="</s>", bos_token="<s>")
     with pytest.raises(TypeError, match="item pairs"):
         formatter(messages=conversation((0, 1)), tools=[TOOL])
-    assert check_template(template_from_file_text(text)).pairing is Pairing.FAILS
 
 
-def test_the_renderer_renders_a_template_file_as_the_engines_hf_tokenizer_config_format(templates: Path) -> None:
-    chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
+def test_the_renderer_renders_a_template_file_as_the_engines_hf_tokenizer_config_format(
+    templates: Path, engine_chat_format: Any
+) -> None:
+    chat_format = engine_chat_format
     config = json.loads(models.DEFAULT_TEMPLATE.read_text())
     source = template_from_file_text(models.DEFAULT_TEMPLATE.read_text())
     assert source.style is RenderStyle.TOKENIZER_CONFIG
@@ -187,6 +234,11 @@ def test_the_renderer_renders_a_template_file_as_the_engines_hf_tokenizer_config
         # the server's chat handler hands the formatter these along with the messages
         theirs = formatter(messages=messages, functions=None, function_call=None, tools=[TOOL], tool_choice=None)
         assert render(source, messages) == theirs.prompt
+        # The ChatML fallback prints the arguments as they came: the parsed object prints as the client's text.
+        before = chat_format.unpatched_template_file_formatter(config)
+        kwargs: dict[str, Any] = {"functions": None, "function_call": None, "tools": [TOOL], "tool_choice": None}
+        assert before(messages=messages, **kwargs).prompt == theirs.prompt
+        assert '"arguments": {"city": "Paris"}' in theirs.prompt
     # a template file gets plain jinja2 there: no {% break %}
     kimi = {"chat_template": (templates / "Kimi-K3.jinja").read_text(), "bos_token": "<s>", "eos_token": "</s>"}
     with pytest.raises(Exception, match="unknown tag 'break'"):
