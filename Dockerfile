@@ -77,7 +77,8 @@ FROM devel-${BACKEND} AS build
 ARG BACKEND
 ENV TOOLPAIR_CACHE=/opt/toolpair/cache PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 COPY engine_launcher/__init__.py engine_launcher/backends.py engine_launcher/cpu_features.py engine_launcher/gguf.py \
-     engine_launcher/install.py engine_launcher/models.py /opt/toolpair/engine/engine_launcher/
+     engine_launcher/install.py engine_launcher/models.py engine_launcher/template_file.py \
+     /opt/toolpair/engine/engine_launcher/
 # The wheel cache is a BuildKit cache mount: kept between builds (a change to these modules
 # reinstalls the cached wheel in seconds), never part of the image.
 RUN --mount=type=cache,target=/opt/toolpair/cache/wheels,id=toolpair-wheels-${BACKEND} \

@@ -17,7 +17,7 @@ or writes the rest. And the cache counts each entry's logits and token arrays
 against its bound, so ``cache_size`` is what the cache holds.
 
 Also here, before the model loads: :func:`keep_weights_off_amx`, and
-:func:`parse_tool_call_arguments` for the chat templates of current models.
+:func:`render_chat_templates_as_models_expect`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine_launcher.backends import truthy
+from engine_launcher.template_file import template_file_parts
 from engine_launcher.tool_call_arguments import render_with_object_arguments
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
     "keep_weights_off_amx",
     "load_without_extra_buffers",
     "main",
-    "parse_tool_call_arguments",
+    "render_chat_templates_as_models_expect",
 ]
 
 AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
@@ -85,34 +86,31 @@ def _first_logits_row(model: Any) -> Iterator[None]:
         model.scores = scores
 
 
-def parse_tool_call_arguments() -> None:
-    """Have the engine's chat-template formatters render tool-call arguments as objects.
+def render_chat_templates_as_models_expect() -> None:
+    """Have the engine render chat templates as :mod:`engine_launcher.chat_template` says.
 
-    Both ways llama-cpp-python renders a Jinja template: a model's own (``Jinja2ChatFormatter``)
-    and a template file (``--chat_format hf-tokenizer-config``, what ``serve --chat-template-file``
-    and the bundled model use). See :mod:`engine_launcher.tool_call_arguments`.
+    A model's own template (``Jinja2ChatFormatter``) gets tool-call arguments as objects. A template
+    file (``--chat_format hf-tokenizer-config``: ``serve --chat-template-file`` and the bundled
+    model's ChatML) is rendered by that same formatter, with a generation prompt, instead of plain
+    jinja2 with an empty assistant message appended.
     """
     chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
-    if getattr(chat_format, "_toolpair_object_arguments", False):
+    if getattr(chat_format, "_toolpair_templates", False):
         return
-    format_gguf_template = chat_format.Jinja2ChatFormatter.__call__
+    format_prompt = chat_format.Jinja2ChatFormatter.__call__
 
     def format_with_object_arguments(self: Any, *, messages: Any, **kwargs: Any) -> Any:
-        return render_with_object_arguments(lambda m: format_gguf_template(self, messages=m, **kwargs), messages)
+        return render_with_object_arguments(lambda m: format_prompt(self, messages=m, **kwargs), messages)
 
-    template_file_formatter = chat_format.hf_tokenizer_config_to_chat_formatter
-
-    def template_file_formatter_with_object_arguments(config: Any, add_generation_prompt: bool = True) -> Any:
-        format_template_file = template_file_formatter(config, add_generation_prompt=add_generation_prompt)
-
-        def format_file_with_object_arguments(messages: Any, **kwargs: Any) -> Any:
-            return render_with_object_arguments(lambda m: format_template_file(messages=m, **kwargs), messages)
-
-        return format_file_with_object_arguments
+    def template_file_formatter(config: Any, add_generation_prompt: bool = True) -> Any:
+        template, bos_token, eos_token = template_file_parts(config)
+        return chat_format.Jinja2ChatFormatter(
+            template=template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt
+        )
 
     chat_format.Jinja2ChatFormatter.__call__ = format_with_object_arguments
-    chat_format.hf_tokenizer_config_to_chat_formatter = template_file_formatter_with_object_arguments
-    chat_format._toolpair_object_arguments = True
+    chat_format.hf_tokenizer_config_to_chat_formatter = template_file_formatter
+    chat_format._toolpair_templates = True
 
 
 def extra_buffer_types() -> list[str]:
@@ -186,7 +184,7 @@ def main() -> None:
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     bound_prompt_cache()
-    parse_tool_call_arguments()
+    render_chat_templates_as_models_expect()
     keep_weights_off_amx()
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from engine_launcher.gguf import Metadata, chat_template
+from engine_launcher.template_file import TemplateFileError, template_file_parts
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -183,26 +184,17 @@ def bundled_model(cache: Path | None = None, progress: Progress | None = None) -
 
 
 def check_template(path: Path) -> Path:
-    """Refuse a template file the engine would crash on, with a clear message.
-
-    llama-cpp-python's ``hf-tokenizer-config`` format is a JSON object with
-    string ``chat_template``, ``bos_token`` and ``eos_token``.
-    """
+    """Refuse a template file the engine cannot read, with a clear message (see :mod:`.template_file`)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ModelError(f"cannot read chat template {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ModelError(f"chat template {path} is not JSON: {exc}") from None
-    missing = [
-        k
-        for k in ("chat_template", "bos_token", "eos_token")
-        if not isinstance(data, dict) or not isinstance(data.get(k), str)
-    ]
-    if missing:
-        raise ModelError(
-            f"chat template {path} must be a tokenizer_config-style JSON object with string {', '.join(missing)}"
-        )
+    try:
+        template_file_parts(data)
+    except TemplateFileError as exc:
+        raise ModelError(f"chat template {path}: {exc}") from None
     return path
 
 

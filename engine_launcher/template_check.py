@@ -32,25 +32,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from functools import lru_cache
 from typing import Any
 
-from jinja2 import Template, TemplateError, nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2 import TemplateError
 
-from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
+from engine_launcher.chat_template import render_prompt
+from engine_launcher.template_file import TemplateFileError, template_file_parts
 
 __all__ = [
     "CALL_IDS",
     "RESULTS",
     "Pairing",
-    "RenderStyle",
     "Renderer",
     "TemplateSource",
     "TOOL",
@@ -103,30 +98,11 @@ class Pairing(Enum):
         return 2
 
 
-class RenderStyle(Enum):
-    """The two ways llama-cpp-python (0.3.36) renders a Jinja template.
-
-    ``gguf``: the template in the model file, by its ``Jinja2ChatFormatter``: transformers' Jinja
-    dialect (``break``/``continue``, ``tojson`` with json.dumps' keywords, the ``generation`` tag),
-    given ``add_generation_prompt``, ``raise_exception``, ``strftime_now`` and the request's ``tools``.
-    ``tokenizer-config``: a template file passed with ``--chat_format hf-tokenizer-config`` (what
-    ``toolpair serve`` does for ``--chat-template-file`` and for a model without a template): plain
-    jinja2, an empty assistant message appended to open the reply, given ``messages``, ``bos_token``,
-    ``eos_token`` and the request's ``tools``, but no ``raise_exception`` and no ``add_generation_prompt``.
-    Either way ``toolpair serve``'s engine hands the template tool-call arguments as objects, and as
-    the client's JSON strings where it fails on objects (:mod:`engine_launcher.tool_call_arguments`).
-    """
-
-    GGUF = "gguf"
-    TOKENIZER_CONFIG = "tokenizer-config"
-
-
 @dataclass(frozen=True)
 class TemplateSource:
     """A chat template's text with the special tokens it is rendered with, and where it came from."""
 
     text: str
-    style: RenderStyle = RenderStyle.GGUF
     bos_token: str = "<s>"
     eos_token: str = "</s>"
     origin: str = ""
@@ -168,10 +144,6 @@ def conversation(order: tuple[int, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def _raise_exception(message: str) -> None:
-    raise ValueError(message)
-
-
 _NOW = datetime.now()
 """One instant for every rendering, so a template that prints the date renders both orders alike."""
 
@@ -180,57 +152,17 @@ def _strftime_now(form: str) -> str:
     return _NOW.strftime(form)
 
 
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """transformers' ``tojson``: json.dumps with its keywords, not HTML-escaped as jinja2's own is."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-class _Generation(Extension):
-    """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's tokens with it.
-
-    Rendering only needs its body, as it is."""
-
-    tags = {"generation"}  # noqa: RUF012 - jinja2 declares it on Extension as a plain attribute
-
-    def parse(self, parser: Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body, lineno=lineno)
-
-
 class Renderer(Enum):
     """Who renders the template.
 
-    ``llama-cpp-python``: the engine ``toolpair serve`` runs (see :class:`RenderStyle`), with
-    toolpair's arguments as objects, else as strings.
+    ``llama-cpp-python``: the engine ``toolpair serve`` runs, with toolpair's changes
+    (:mod:`engine_launcher.chat_template`): arguments as objects, else as the client's strings.
     ``transformers``: Hugging Face transformers' ``apply_chat_template``, which vLLM uses and whose
     dialect llama-server's ``--jinja`` follows: its Jinja dialect, and arguments parsed into objects.
     """
 
     LLAMA_CPP_PYTHON = "llama-cpp-python"
     TRANSFORMERS = "transformers"
-
-
-def _environment(hf_dialect: bool) -> ImmutableSandboxedEnvironment:
-    if not hf_dialect:
-        return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation]
-    )
-    environment.filters["tojson"] = _tojson
-    return environment
-
-
-@lru_cache(maxsize=4)
-def _compiled(text: str, hf_dialect: bool) -> Template:
-    """Compiled once for the three renderings of a check; a long template takes a while to compile."""
-    return _environment(hf_dialect).from_string(text)
 
 
 def render(
@@ -240,41 +172,16 @@ def render(
 
     >>> render(TemplateSource("{% for m in messages %}[{{ m.role }}]{% endfor %}"), [{"role": "user"}])
     '[user]'
-    >>> render(TemplateSource("{% for m in messages %}[{{ m.role }}]{% endfor %}",
-    ...                       RenderStyle.TOKENIZER_CONFIG), [{"role": "user"}])
-    '[user][assistant]'
     """
-    tokenizer_config = renderer is Renderer.LLAMA_CPP_PYTHON and source.style is RenderStyle.TOKENIZER_CONFIG
-    template = _compiled(source.text, hf_dialect=not tokenizer_config)
-
-    def render_template_file(messages: Sequence[Any]) -> str:
-        return template.render(
-            messages=[*messages, {"role": "assistant", "content": ""}],
-            bos_token=source.bos_token,
-            eos_token=source.eos_token,
-            functions=None,
-            function_call=None,
-            tools=[TOOL],
-            tool_choice=None,
-        )
-
-    def render_hf_dialect(messages: Sequence[Any]) -> str:
-        return template.render(
-            messages=messages,
-            eos_token=source.eos_token,
-            bos_token=source.bos_token,
-            raise_exception=_raise_exception,
-            add_generation_prompt=True,
-            functions=None,
-            function_call=None,
-            tools=[TOOL],
-            tool_choice=None,
-            strftime_now=_strftime_now,
-        )
-
-    if renderer is Renderer.TRANSFORMERS:
-        return render_hf_dialect(with_object_arguments(messages, printable=False))
-    return render_with_object_arguments(render_template_file if tokenizer_config else render_hf_dialect, messages)
+    return render_prompt(
+        source.text,
+        messages,
+        bos_token=source.bos_token,
+        eos_token=source.eos_token,
+        tools=[TOOL],
+        strftime_now=_strftime_now,
+        as_transformers=renderer is Renderer.TRANSFORMERS,
+    )
 
 
 def _attempt(source: TemplateSource, order: tuple[int, ...], renderer: Renderer) -> str | BaseException:
@@ -343,43 +250,25 @@ def check_template(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_C
 def template_from_file_text(text: str, origin: str = "") -> TemplateSource:
     """A template from a file's text: a tokenizer_config-style JSON object, or the bare Jinja.
 
-    JSON gets the ``tokenizer-config`` style (that is how the engine is given a template file), its
-    own ``bos_token`` and ``eos_token``, and of a list of named templates the ``tool_use`` one, else
-    ``default``. Raises ValueError when a JSON file holds no usable template.
+    JSON gives its own ``bos_token`` and ``eos_token`` (see
+    :func:`~engine_launcher.chat_template.template_file_parts`). Raises ValueError when a JSON file
+    holds no usable template.
 
-    >>> template_from_file_text('{"chat_template": "{{ 1 }}", "bos_token": "<b>", "eos_token": "<e>"}').style
-    <RenderStyle.TOKENIZER_CONFIG: 'tokenizer-config'>
-    >>> template_from_file_text("{%- for m in messages %}{% endfor %}").style
-    <RenderStyle.GGUF: 'gguf'>
+    >>> template_from_file_text('{"chat_template": "{{ 1 }}", "bos_token": "<b>", "eos_token": "<e>"}').bos_token
+    '<b>'
     """
     stripped = text.lstrip()
     if not stripped.startswith("{") or stripped.startswith(("{%", "{{", "{#")):
-        return TemplateSource(text, RenderStyle.GGUF, origin=origin)
+        return TemplateSource(text, origin=origin)
     try:
         config = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"{origin or 'the template file'} looks like JSON but does not parse: {exc}") from None
-    template = config.get("chat_template") if isinstance(config, dict) else None
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("tool_use") or named.get("default")
-    if not isinstance(template, str) or not template.strip():
-        raise ValueError(f"{origin or 'the template file'} has no string chat_template")
-    assert isinstance(config, dict)
-    return TemplateSource(
-        template,
-        RenderStyle.TOKENIZER_CONFIG,
-        bos_token=_token(config.get("bos_token")),
-        eos_token=_token(config.get("eos_token")),
-        origin=origin,
-    )
-
-
-def _token(value: object) -> str:
-    """A special token as tokenizer_config.json writes it: a string, or an object with its ``content``."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
+    try:
+        template, bos, eos = template_file_parts(config)
+    except TemplateFileError as exc:
+        raise ValueError(f"{origin or 'the template file'}: {exc}") from None
+    return TemplateSource(template, bos_token=bos, eos_token=eos, origin=origin)
 
 
 _MEANING = {

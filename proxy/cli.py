@@ -25,7 +25,6 @@ from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
 from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
 from engine_launcher.template_check import (
     Renderer,
-    RenderStyle,
     TemplateSource,
     check_template,
     headline,
@@ -644,7 +643,7 @@ def _serve_template(settings: Settings) -> TemplateSource:
     if chosen is None:
         text = gguf_chat_template(metadata)
         assert text is not None  # choose_template returns None only for a model with a template
-        return TemplateSource(text, RenderStyle.GGUF, origin=f"the chat template in {model.name}")
+        return TemplateSource(text, origin=f"the chat template in {model.name}")
     if settings.chat_template:
         origin = f"{chosen} (chat_template setting)"
     else:
@@ -672,27 +671,12 @@ def _run_check_template(args: argparse.Namespace) -> int:
         source = _serve_template(load_settings({"model": args.model}, config_file=args.config))
     renderer = Renderer(args.renderer)
     verdict = check_template(source, renderer)
-    other = None
-    if verdict.exit_status == 2 and renderer is Renderer.LLAMA_CPP_PYTHON:
-        other = check_template(source, Renderer.TRANSFORMERS)
     print(f"template: {source.origin}")
     print(f"rendered the way {renderer.value} renders it, with one tool called twice in parallel")
     print(f"verdict: {verdict.pairing.value}: {headline(verdict.pairing)}")
     if verdict.detail:
         print(f"  the template says: {verdict.detail}")
-    if other is not None and other.exit_status != 2:
-        print(
-            _wrapped(
-                "llama-cpp-python cannot render it as toolpair serve gives it (a template file gets plain jinja2, "
-                "without transformers' loop controls and generation tag): toolpair serve would fail on requests "
-                "with tool calls; give it a template it can render with --chat-template-file. Rendered the way "
-                "transformers renders it (vLLM; llama-server --jinja follows its dialect):"
-            )
-        )
-        print(f"verdict as transformers renders it: {other.pairing.value}: {headline(other.pairing)}")
-        print(_wrapped(meaning(other.pairing)))
-    else:
-        print(_wrapped(meaning(verdict.pairing)))
+    print(_wrapped(meaning(verdict.pairing)))
     return verdict.exit_status
 
 

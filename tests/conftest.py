@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from engine_launcher import engine_main
 from proxy.config import Settings
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine, start_real_engine
@@ -50,3 +52,19 @@ def real_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine
     engine = start_real_engine(tmp_path_factory.mktemp("engine"))
     yield engine
     engine.stop()
+
+
+@pytest.fixture
+def engine_chat_format(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """llama-cpp-python's chat formatters as serve's engine process has them (engine_main), for one test.
+
+    ``unpatched_template_file_formatter`` is llama-cpp-python's own, for comparison.
+    """
+    chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
+    monkeypatch.setattr(chat_format.Jinja2ChatFormatter, "__call__", chat_format.Jinja2ChatFormatter.__call__)
+    original = chat_format.hf_tokenizer_config_to_chat_formatter
+    monkeypatch.setattr(chat_format, "hf_tokenizer_config_to_chat_formatter", original)
+    monkeypatch.setattr(chat_format, "_toolpair_templates", False, raising=False)
+    monkeypatch.setattr(chat_format, "unpatched_template_file_formatter", original, raising=False)
+    engine_main.render_chat_templates_as_models_expect()
+    return chat_format

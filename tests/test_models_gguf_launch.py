@@ -135,8 +135,8 @@ def test_template_choice(tmp_path: Path) -> None:
     ("content", "message"),
     [
         ("{not json", "is not JSON"),
-        (json.dumps({"chat_template": "x"}), "string bos_token, eos_token"),
-        (json.dumps(["chat_template"]), "chat_template, bos_token, eos_token"),
+        (json.dumps({"chat_template": "x", "bos_token": 7}), "its bos_token is neither a string"),
+        (json.dumps(["chat_template"]), "it has no string chat_template"),
     ],
 )
 def test_unusable_templates_are_refused(tmp_path: Path, content: str, message: str) -> None:

@@ -1,18 +1,15 @@
 """Render a Chat Completions request into the prompt text the engine will read.
 
 ``count_tokens`` must be exact, so toolpair renders the translated request the
-way llama-cpp-python's ``hf-tokenizer-config`` chat format does, then lets the
-engine tokenize that text (see ``proxy/dialects/anthropic/routes.py``). Rendering as
-llama-cpp-python does means three things:
+way ``toolpair serve``'s engine renders a template file, then lets the engine
+tokenize that text (see ``proxy/dialects/anthropic/routes.py``). That means two
+things:
 
-- the request first passes its pydantic models, which keep only the keys they
-  declare (a ``reasoning_content`` or a tool's ``strict`` never reaches the
-  template);
-- an empty assistant message is appended, to open the reply;
-- the template is rendered in a sandboxed jinja2 environment with
-  ``trim_blocks`` and ``lstrip_blocks``, given ``messages``, ``tools``,
-  ``tool_choice``, ``functions``, ``function_call``, ``bos_token`` and
-  ``eos_token``.
+- the request first passes llama-cpp-python's pydantic models, which keep only
+  the keys they declare (a ``reasoning_content`` or a tool's ``strict`` never
+  reaches the template);
+- the template is rendered by :func:`engine_launcher.chat_template.render_prompt`:
+  transformers' Jinja dialect, a generation prompt, tool-call arguments as objects.
 
 :func:`estimate_tokens` is the fallback when no template or no tokenizer is
 available: one token for every four bytes.
@@ -21,14 +18,13 @@ available: one token for every four bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import orjson
-from jinja2 import Template
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine_launcher.chat_template import compiled, render_prompt
+from engine_launcher.template_file import TemplateFileError, template_file_parts
 from proxy._types import Body
 
 __all__ = ["ChatTemplate", "TemplateError", "estimate_tokens", "engine_view"]
@@ -110,7 +106,7 @@ def engine_view(body: Body) -> Body:
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A Hugging Face ``tokenizer_config.json``-style chat template, rendered as llama-cpp-python does."""
+    """A Hugging Face ``tokenizer_config.json``-style chat template, rendered as serve's engine renders it."""
 
     source: str
     bos_token: str
@@ -125,41 +121,35 @@ class ChatTemplate:
             raise TemplateError(f"cannot read chat template {path}: {exc.strerror}") from None
         except orjson.JSONDecodeError as exc:
             raise TemplateError(f"chat template {path} is not JSON: {exc}") from None
-        if not isinstance(config, dict) or not all(
-            isinstance(config.get(key), str) for key in ("chat_template", "bos_token", "eos_token")
-        ):
-            raise TemplateError(f"chat template {path} needs string chat_template, bos_token and eos_token")
         try:
-            _compiled(config["chat_template"])
+            template, bos_token, eos_token = template_file_parts(config)
+        except TemplateFileError as exc:
+            raise TemplateError(f"chat template {path}: {exc}") from None
+        try:
+            compiled(template)
         except Exception as exc:  # a jinja2 syntax error
             raise TemplateError(f"chat template {path} does not compile: {exc}") from None
-        return cls(config["chat_template"], config["bos_token"], config["eos_token"], str(path))
+        return cls(template, bos_token, eos_token, str(path))
 
     def render(self, body: Body) -> str:
         """The prompt text for a Chat Completions body, the generation prompt included.
 
         Raises :class:`TemplateError` when the template fails on this request.
 
-        >>> ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}", "", "").render(
+        >>> ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        ...              "{% if add_generation_prompt %}<assistant>{% endif %}", "", "").render(
         ...     {"messages": [{"role": "user", "content": "Hi"}]})
         '<user>Hi<assistant>'
         """
         view = engine_view(body)
-        messages = [*view["messages"], {"role": "assistant", "content": ""}]
         try:
-            return _compiled(self.source).render(
-                messages=messages,
-                functions=None,
-                function_call=None,
-                tools=view["tools"],
-                tool_choice=view["tool_choice"],
+            return render_prompt(
+                self.source,
+                view["messages"],
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=view["tools"],
+                tool_choice=view["tool_choice"],
             )
         except Exception as exc:  # jinja2 raises anything a template does
             raise TemplateError(f"chat template failed on this request: {exc}") from exc
-
-
-@lru_cache(maxsize=8)
-def _compiled(source: str) -> Template:
-    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)

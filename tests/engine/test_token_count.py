@@ -1,4 +1,4 @@
-"""Rendering a chat body the way llama-cpp-python does, checked against llama-cpp-python itself."""
+"""Rendering a chat body the way serve's engine does, checked against llama-cpp-python in the engine's process."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from proxy.dialects.anthropic.request import plan_translation
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from tests.real_engine import TEMPLATE
 
-chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
 server_types = pytest.importorskip("llama_cpp.server.types")
 
 
-def llama_cpp_python_prompt(body: dict[str, Any]) -> str:
-    """What llama-cpp-python's server renders: its request model, then its hf-tokenizer-config formatter."""
+def engine_prompt(chat_format: Any, body: dict[str, Any]) -> str:
+    """What the engine's server renders: its request model, then its template-file formatter."""
     request = server_types.CreateChatCompletionRequest(**body).model_dump()
     formatter = chat_format.hf_tokenizer_config_to_chat_formatter(orjson.loads(TEMPLATE.read_bytes()))
     result = formatter(
@@ -74,8 +73,8 @@ TURNS = [
     ],
     ids=["plain", "system", "tools-history", "tools-no-system"],
 )
-def test_render_matches_llama_cpp_python_exactly(body: dict[str, Any]) -> None:
-    assert ChatTemplate.from_file(TEMPLATE).render(body) == llama_cpp_python_prompt(body)
+def test_render_matches_the_engine_exactly(body: dict[str, Any], engine_chat_format: Any) -> None:
+    assert ChatTemplate.from_file(TEMPLATE).render(body) == engine_prompt(engine_chat_format, body)
 
 
 def test_extra_keys_never_reach_the_template() -> None:
@@ -97,7 +96,8 @@ def test_extra_keys_never_reach_the_template() -> None:
 def test_template_files_are_checked(tmp_path: Path) -> None:
     for text, problem in [
         ("{", "not JSON"),
-        ('{"chat_template": "x"}', "needs string chat_template"),
+        ('{"chat_template": 3}', "has no string chat_template"),
+        ('{"chat_template": "x", "eos_token": 1}', "eos_token is neither a string"),
         ('{"chat_template": "{% if %}", "bos_token": "", "eos_token": ""}', "does not compile"),
     ]:
         path = tmp_path / "t.json"
@@ -106,6 +106,10 @@ def test_template_files_are_checked(tmp_path: Path) -> None:
             ChatTemplate.from_file(path)
     with pytest.raises(TemplateError, match="cannot read"):
         ChatTemplate.from_file(tmp_path / "missing.json")
+    # As transformers saves them: tokens as AddedToken objects, or none where the template needs none.
+    path = tmp_path / "t.json"
+    path.write_text('{"chat_template": "{{ bos_token }}{{ eos_token }}", "bos_token": {"content": "<s>"}}')
+    assert ChatTemplate.from_file(path).render({"messages": []}) == "<s>"
 
 
 def test_a_template_that_fails_on_a_request_raises_a_template_error() -> None:

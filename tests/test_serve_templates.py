@@ -1,8 +1,11 @@
-"""Tool-call arguments reach the engine's chat template as objects: the pure core, then a real serve.
+"""A real model's chat template in serve's engine: tool-call arguments as objects, a generation prompt.
 
-The real part: ``toolpair serve`` on the bundled model with Qwen3-Coder's own chat template
-(``--chat-template-file``), which walks each call's arguments (``arguments|items``). llama-cpp-python
-alone hands it the client's JSON string, fails, and every conversation with tool calls got a 502.
+The pure core first (engine_launcher/tool_call_arguments.py), then ``toolpair serve`` on the bundled
+model with Qwen3-Coder's own chat template as a file (``--chat-template-file``). That template walks
+each call's arguments (``arguments|items``): llama-cpp-python alone hands it the client's JSON
+string, fails, and every conversation with tool calls got a 500. Alone it also closes an empty
+assistant turn where the model should answer; Anthropic's count_tokens, rendered by toolpair, then
+no longer matched what the engine read.
 """
 
 from __future__ import annotations
@@ -154,3 +157,33 @@ async def test_a_template_that_walks_the_arguments_serves_anthropic_tool_results
         )
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert answer.usage.input_tokens > 100
+
+
+async def test_count_tokens_is_what_the_engine_read(qwen3_coder_served: str) -> None:
+    """toolpair renders count_tokens' prompt itself; the engine's usage says what it rendered and read."""
+    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    requests: list[list[Any]] = [
+        [{"role": "user", "content": "Hi"}],
+        [
+            {"role": "user", "content": "Weather in Paris and Oslo?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "toolu_p", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_o", "name": "get_weather", "input": {"city": "Oslo"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_o", "content": "Oslo: -3C"},
+                    {"type": "tool_result", "tool_use_id": "toolu_p", "content": "Paris: 18C"},
+                ],
+            },
+        ],
+    ]
+    async with AsyncAnthropic(base_url=qwen3_coder_served, api_key="any", max_retries=0, timeout=120) as api:
+        for messages in requests:
+            counted = await api.messages.count_tokens(model="m", tools=[tool], messages=messages)
+            read = await api.messages.create(model="m", max_tokens=1, tools=[tool], messages=messages)
+            assert counted.input_tokens == read.usage.input_tokens, messages

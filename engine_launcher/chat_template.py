@@ -1,0 +1,120 @@
+"""How ``toolpair serve``'s engine turns messages into a prompt: one answer for the engine, the check and count_tokens.
+
+The engine is llama-cpp-python (0.3.36) with toolpair's changes (``engine_main``). It renders a
+model's own template with its ``Jinja2ChatFormatter``: transformers' Jinja dialect (``{% break %}``,
+``tojson`` with json.dumps' keywords, the ``{% generation %}`` tag), in a sandbox with
+``trim_blocks`` and ``lstrip_blocks``, given ``add_generation_prompt``, ``raise_exception``,
+``strftime_now`` and the request's ``tools``. A template file (``serve --chat-template-file``, and
+the bundled model's ChatML) is rendered the same way: llama-cpp-python alone gives a file plain
+jinja2 and, instead of a generation prompt, appends an empty assistant message, which real
+templates close (``<|im_start|>assistant\\n<|im_end|>``), so the model answered after a finished,
+empty turn. Tool-call arguments reach the template as objects (:mod:`.tool_call_arguments`).
+
+``toolpair check-template`` (:mod:`.template_check`) and the Anthropic ``count_tokens`` estimate
+(``proxy.engine.token_count``) render through :func:`render_prompt`; the tests hold it to the
+engine's own formatter. Pure: text in, text out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import Template, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
+
+__all__ = ["compiled", "render_prompt"]
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(message)
+
+
+def _strftime_now(form: str) -> str:
+    return datetime.now().strftime(form)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' ``tojson``: json.dumps with its keywords, not HTML-escaped as jinja2's own is."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Generation(Extension):
+    """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's tokens with it.
+
+    Rendering only needs its body, as it is."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja2 declares it on Extension as a plain attribute
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+@lru_cache(maxsize=8)
+def compiled(text: str) -> Template:
+    """``text`` compiled in transformers' dialect, once: a long template takes a while to compile.
+
+    Raises jinja2's ``TemplateSyntaxError`` for a template that does not compile.
+    """
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation]
+    )
+    environment.filters["tojson"] = _tojson
+    return environment.from_string(text)
+
+
+def render_prompt(
+    text: str,
+    messages: Sequence[Any],
+    *,
+    bos_token: str,
+    eos_token: str,
+    tools: Any = None,
+    tool_choice: Any = None,
+    strftime_now: Callable[[str], str] = _strftime_now,
+    as_transformers: bool = False,
+) -> str:
+    """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
+
+    ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
+    llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
+
+    >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    ...               "{% if add_generation_prompt %}<assistant>{% endif %}",
+    ...               [{"role": "user", "content": "Hi"}], bos_token="", eos_token="")
+    '<user>Hi<assistant>'
+    """
+    template = compiled(text)
+
+    def render(messages: Sequence[Any]) -> str:
+        return template.render(
+            messages=messages,
+            eos_token=eos_token,
+            bos_token=bos_token,
+            raise_exception=_raise_exception,
+            add_generation_prompt=True,
+            functions=None,
+            function_call=None,
+            tools=tools,
+            tool_choice=tool_choice,
+            strftime_now=strftime_now,
+        )
+
+    if as_transformers:
+        return render(with_object_arguments(messages, printable=False))
+    return render_with_object_arguments(render, messages)
