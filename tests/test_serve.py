@@ -531,7 +531,7 @@ def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest
 def test_a_bad_template_or_backend_setting_is_refused(tmp_path: Path) -> None:
     template = tmp_path / "t.json"
     template.write_text("{}")
-    with pytest.raises(ConfigError, match="tokenizer_config.json-style object"):
+    with pytest.raises(ConfigError, match=r"tokenizer_config\.json-style object"):
         serve.plan_serve(Settings(chat_template=str(template)), check_machine=False)
     with pytest.raises(ConfigError, match="unknown backend 'rocm'"):
         serve.plan_serve(Settings(engine_backend="rocm"), check_machine=False)
