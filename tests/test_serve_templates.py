@@ -159,6 +159,23 @@ async def test_a_template_that_walks_the_arguments_serves_anthropic_tool_results
     assert answer.usage.input_tokens > 100
 
 
+async def test_a_template_that_walks_the_arguments_serves_responses_tool_outputs(qwen3_coder_served: str) -> None:
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    history: list[Any] = [
+        {"role": "user", "content": "Weather in Paris and Oslo?"},
+        {"type": "function_call", "call_id": "call_p", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call", "call_id": "call_o", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "call_o", "output": "Oslo: -3C"},
+        {"type": "function_call_output", "call_id": "call_p", "output": "Paris: 18C"},
+    ]
+    async with client(qwen3_coder_served) as api:
+        answer = await api.responses.create(
+            model="m", input=history, tools=[tool], max_output_tokens=8, temperature=0, store=False
+        )
+    assert answer.status in ("completed", "incomplete")
+    assert answer.usage is not None and answer.usage.input_tokens > 100
+
+
 async def test_count_tokens_is_what_the_engine_read(qwen3_coder_served: str) -> None:
     """toolpair renders count_tokens' prompt itself; the engine's usage says what it rendered and read."""
     tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
