@@ -104,9 +104,19 @@ def render_chat_templates_as_models_expect() -> None:
 
     def template_file_formatter(config: Any, add_generation_prompt: bool = True) -> Any:
         template, bos_token, eos_token = template_file_parts(config)
-        return chat_format.Jinja2ChatFormatter(
+        formatter = chat_format.Jinja2ChatFormatter(
             template=template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt
         )
+        if eos_token:
+            return formatter
+
+        def format_without_empty_stop(**kwargs: Any) -> Any:
+            # The formatter stops on its EOS text; an empty one would end every answer before it began.
+            response = formatter(**kwargs)
+            response.stop = None
+            return response
+
+        return format_without_empty_stop
 
     chat_format.Jinja2ChatFormatter.__call__ = format_with_object_arguments
     chat_format.hf_tokenizer_config_to_chat_formatter = template_file_formatter

@@ -216,6 +216,11 @@ def test_the_renderer_renders_a_template_file_as_the_engines_template_file_forma
     assert ours.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(Exception, match="unknown tag 'break'"):
         chat_format.unpatched_template_file_formatter({**kimi, "bos_token": "<s>", "eos_token": "</s>"})
+    # A file without an EOS text stops on none (an empty stop string would end every answer at once).
+    assert chat_format.hf_tokenizer_config_to_chat_formatter(kimi)(messages=conversation((0,)), **kwargs).stop is None
+    assert chat_format.hf_tokenizer_config_to_chat_formatter(qwen)(messages=conversation((0,)), **kwargs).stop == [
+        "<|im_end|>"
+    ]
 
 
 def test_the_bundled_model_has_no_template_so_the_check_is_of_servess_chatml_fallback() -> None:
