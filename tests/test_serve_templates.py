@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from anthropic import AsyncAnthropic
 
+from engine_launcher.models import DEFAULT_TEMPLATE
 from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
 from tests.test_check_template import survey
 from tests.test_serve import client, start_serve
@@ -204,3 +205,25 @@ async def test_count_tokens_is_what_the_engine_read(qwen3_coder_served: str) -> 
             counted = await api.messages.count_tokens(model="m", tools=[tool], messages=messages)
             read = await api.messages.create(model="m", max_tokens=1, tools=[tool], messages=messages)
             assert counted.input_tokens == read.usage.input_tokens, messages
+
+
+def test_a_template_file_without_special_tokens_still_answers(tmp_path: Path) -> None:
+    """No EOS text in the file: the engine must not stop every answer on an empty stop string."""
+    chatml = json.loads(DEFAULT_TEMPLATE.read_text())["chat_template"]
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": chatml}))
+    process, url, _, _ = start_serve(tmp_path, "--ctx-size", "2048", "--chat-template-file", str(config))
+    try:
+
+        async def ask() -> Any:
+            async with client(url) as api:
+                return await api.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8, temperature=0
+                )
+
+        answer = asyncio.run(ask())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    assert answer.choices[0].message.content
