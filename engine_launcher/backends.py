@@ -256,6 +256,9 @@ class EngineDevices:
     """Said next to the device, e.g. that it is a software one and how it was chosen."""
     problem: str | None = None
     """Why the build cannot use a device here, and what to do; one line."""
+    fatal: bool = False
+    """The problem stops the engine from working (serve and rpc-worker stop on it) rather than from
+    using a device: a CUDA build fails to load or to run its kernels, where a Vulkan one falls back."""
 
 
 def vulkan_devices(devices: Sequence[tuple[str, str]], env: Mapping[str, str]) -> EngineDevices:
@@ -272,7 +275,7 @@ def vulkan_devices(devices: Sequence[tuple[str, str]], env: Mapping[str, str]) -
     >>> vulkan_devices([("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe")], {}).env
     {'GGML_VK_VISIBLE_DEVICES': '0'}
     >>> vulkan_devices([("PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "RX 6800"), ("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe")], {})
-    EngineDevices(names=('RX 6800',), env={}, note='', problem=None)
+    EngineDevices(names=('RX 6800',), env={}, note='', problem=None, fatal=False)
     """
     chosen = env.get(VK_VISIBLE_DEVICES)
     if chosen is not None:
@@ -372,12 +375,13 @@ def cuda_devices(
         return EngineDevices(
             (),
             problem=f"this is a CUDA build of the engine, but no CUDA driver was found (no working nvidia-smi): {todo}",
+            fatal=True,
         )
     visible = visible_cuda_gpus(gpus, env)
     if not visible:
         hidden = f" (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})" if "CUDA_VISIBLE_DEVICES" in env else ""
         return EngineDevices(
-            (), problem=f"this is a CUDA build of the engine, but no CUDA device is visible{hidden}: {todo}"
+            (), problem=f"this is a CUDA build of the engine, but no CUDA device is visible{hidden}: {todo}", fatal=True
         )
     if architectures:
         for gpu in visible:
@@ -387,6 +391,7 @@ def cuda_devices(
                     problem=f"the engine was built for CUDA architectures {';'.join(architectures)}, which GPU "
                     f"{gpu.index} ({gpu.name}, compute capability {gpu.compute_cap}) cannot run: run "
                     "`toolpair engine install` to build it for this machine's GPUs",
+                    fatal=True,
                 )
     return EngineDevices(tuple(f"CUDA{i}: {g.name}" for i, g in enumerate(visible)))
 

@@ -613,8 +613,7 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
     devices = None
     if record.gpu:
         devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
-    if devices is not None and devices.problem and record.backend == Backend.CUDA.value:
-        # As serve: rpc-server would fail to load the build, or at its first kernel.
+    if devices is not None and devices.problem and devices.fatal:  # as serve: rpc-server would fail too
         print(f"toolpair rpc-worker: {devices.problem}", file=sys.stderr)
         return 2
     if devices is not None and devices.problem:

@@ -344,8 +344,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     if record is not None and record.gpu and check_machine:
         devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
         if devices is not None and devices.problem:
-            # A CUDA build with no driver or device fails to load or runs on the CPU unsaid: stop, in one line.
-            if record.backend == Backend.CUDA.value:
+            if devices.fatal:  # the engine would fail to load or to run: stop, in one line
                 raise ConfigError(devices.problem)
             warnings.append(devices.problem)
     run_env = record.process_env(devices) if record is not None else {}

@@ -326,6 +326,7 @@ def test_a_vulkan_build_on_a_software_device_only_is_pointed_at_it() -> None:
 
 
 def test_a_cuda_build_without_driver_or_device_is_one_line_saying_what_to_do() -> None:
+    assert cuda_devices(None, {}).fatal and not vulkan_devices([], {}).fatal  # a Vulkan build falls back
     no_driver = cuda_devices(None, {}).problem
     assert no_driver is not None and "no CUDA driver was found" in no_driver and "\n" not in no_driver
     assert "install the NVIDIA driver" in no_driver and "--backend cpu" in no_driver
