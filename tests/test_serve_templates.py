@@ -21,6 +21,7 @@ import pytest
 from anthropic import AsyncAnthropic
 
 from engine_launcher.models import DEFAULT_TEMPLATE
+from engine_launcher.template_check import TOOL
 from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
 from tests.test_check_template import survey
 from tests.test_serve import client, start_serve
@@ -90,14 +91,24 @@ def qwen3_coder_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         assert "Traceback" not in err.read_text()
 
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}
+ANTHROPIC_HISTORY: list[Any] = [
+    {"role": "user", "content": "Weather in Paris and Oslo?"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": "toolu_p", "name": "get_weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_o", "name": "get_weather", "input": {"city": "Oslo"}},
+        ],
     },
-}
+    {
+        "role": "user",
+        "content": [  # in finish order
+            {"type": "tool_result", "tool_use_id": "toolu_o", "content": "Oslo: -3C"},
+            {"type": "tool_result", "tool_use_id": "toolu_p", "content": "Paris: 18C"},
+        ],
+    },
+]
 
 
 async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen3_coder_served: str) -> None:
@@ -116,43 +127,26 @@ async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen
         for stream in (False, True):
             if stream:
                 chunks = await api.chat.completions.create(
-                    model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=8, temperature=0, stream=True
+                    model="m", messages=messages, tools=[TOOL], max_tokens=8, temperature=0, stream=True
                 )
                 finishes = [c.choices[0].finish_reason async for c in chunks if c.choices]
                 assert finishes[-1] in ("stop", "length", "tool_calls")
             else:
                 done = await api.chat.completions.create(
-                    model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=8, temperature=0
+                    model="m", messages=messages, tools=[TOOL], max_tokens=8, temperature=0
                 )
                 assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
                 assert done.usage is not None and done.usage.prompt_tokens > 100  # the template's tool prompt
 
 
 async def test_a_template_that_walks_the_arguments_serves_anthropic_tool_results(qwen3_coder_served: str) -> None:
-    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
     async with AsyncAnthropic(base_url=qwen3_coder_served, api_key="any", max_retries=0, timeout=120) as api:
         answer = await asyncio.wait_for(
             api.messages.create(
                 model="m",
                 max_tokens=8,
-                tools=[tool],
-                messages=[
-                    {"role": "user", "content": "Weather in Paris and Oslo?"},
-                    {
-                        "role": "assistant",
-                        "content": [
-                            {"type": "tool_use", "id": "toolu_p", "name": "get_weather", "input": {"city": "Paris"}},
-                            {"type": "tool_use", "id": "toolu_o", "name": "get_weather", "input": {"city": "Oslo"}},
-                        ],
-                    },
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "tool_result", "tool_use_id": "toolu_o", "content": "Oslo: -3C"},
-                            {"type": "tool_result", "tool_use_id": "toolu_p", "content": "Paris: 18C"},
-                        ],
-                    },
-                ],
+                tools=[ANTHROPIC_TOOL],
+                messages=ANTHROPIC_HISTORY,
             ),
             120,
         )
@@ -161,7 +155,7 @@ async def test_a_template_that_walks_the_arguments_serves_anthropic_tool_results
 
 
 async def test_a_template_that_walks_the_arguments_serves_responses_tool_outputs(qwen3_coder_served: str) -> None:
-    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    tool = {"type": "function", **TOOL["function"]}
     history: list[Any] = [
         {"role": "user", "content": "Weather in Paris and Oslo?"},
         {"type": "function_call", "call_id": "call_p", "name": "get_weather", "arguments": '{"city": "Paris"}'},
@@ -179,31 +173,11 @@ async def test_a_template_that_walks_the_arguments_serves_responses_tool_outputs
 
 async def test_count_tokens_is_what_the_engine_read(qwen3_coder_served: str) -> None:
     """toolpair renders count_tokens' prompt itself; the engine's usage says what it rendered and read."""
-    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
-    requests: list[list[Any]] = [
-        [{"role": "user", "content": "Hi"}],
-        [
-            {"role": "user", "content": "Weather in Paris and Oslo?"},
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "tool_use", "id": "toolu_p", "name": "get_weather", "input": {"city": "Paris"}},
-                    {"type": "tool_use", "id": "toolu_o", "name": "get_weather", "input": {"city": "Oslo"}},
-                ],
-            },
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_o", "content": "Oslo: -3C"},
-                    {"type": "tool_result", "tool_use_id": "toolu_p", "content": "Paris: 18C"},
-                ],
-            },
-        ],
-    ]
+    requests: list[list[Any]] = [[{"role": "user", "content": "Hi"}], ANTHROPIC_HISTORY]
     async with AsyncAnthropic(base_url=qwen3_coder_served, api_key="any", max_retries=0, timeout=120) as api:
         for messages in requests:
-            counted = await api.messages.count_tokens(model="m", tools=[tool], messages=messages)
-            read = await api.messages.create(model="m", max_tokens=1, tools=[tool], messages=messages)
+            counted = await api.messages.count_tokens(model="m", tools=[ANTHROPIC_TOOL], messages=messages)
+            read = await api.messages.create(model="m", max_tokens=1, tools=[ANTHROPIC_TOOL], messages=messages)
             assert counted.input_tokens == read.usage.input_tokens, messages
 
 
