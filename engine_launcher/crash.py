@@ -15,7 +15,7 @@ the known causes can be told apart:
 - SIGABRT: a llama.cpp assertion; its ``GGML_ASSERT`` line says which.
 
 Pure: :func:`diagnose` takes the exit status, the log lines and the CPU flags
-and returns text; the supervisor and ``toolpair engine check`` say it.
+and returns text; the supervisor says it in its log and its status.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ from engine_launcher.process import (
     Warmup,
 )
 from engine_launcher.rpc import parse_endpoints
+from engine_launcher.template_file import template_file_parts
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ConfigError, Settings
@@ -391,7 +392,9 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         env=run_env,
     )
     if template is not None:
-        template_text = json.loads(template.read_text(encoding="utf-8")).get("chat_template")
+        # The engine reads the file through template_file_parts (a list of named templates gives
+        # its tool_use one), so the format is detected from the very template the engine renders.
+        template_text = template_file_parts(json.loads(template.read_text(encoding="utf-8")))[0]
     else:
         template_text = gguf_chat_template(metadata)
     logprobs_cost = None

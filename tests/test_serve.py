@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import os
 import re
 import signal
@@ -539,6 +540,22 @@ def test_a_bad_template_or_backend_setting_is_refused(tmp_path: Path) -> None:
         serve.plan_serve(Settings(max_concurrency=0), check_machine=False)
     with pytest.raises(ConfigError, match="max_queue must be at least 0"):
         serve.plan_serve(Settings(max_queue=-1), check_machine=False)
+
+
+def test_a_template_file_of_named_templates_gives_the_tool_use_ones_call_format(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The engine renders the file's tool_use template, so that one names the format, not the default.
+    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    template = tmp_path / "tokenizer_config.json"
+    named = [
+        {"name": "default", "template": "{{ messages[0].content }}"},
+        {"name": "tool_use", "template": "{{ '<tool_call>' }}{{ messages[0].content }}"},
+    ]
+    template.write_text(json.dumps({"chat_template": named}))
+    plan = serve.plan_serve(Settings(chat_template=str(template)), out=io.StringIO(), check_machine=False)
+    assert plan.template_text == named[1]["template"]
+    assert serve.managed_settings(Settings(), plan).tool_call_format == "hermes"
 
 
 def test_engine_detect_says_what_this_machine_gets(capsys: pytest.CaptureFixture[str]) -> None:
