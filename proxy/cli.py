@@ -18,11 +18,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine_launcher.backends import BACKEND_CHOICES
+from engine_launcher.backends import BACKEND_CHOICES, Backend, SystemProbes, build_plan, detect_backend, engine_devices
 from engine_launcher.gguf import GGUFError, read_metadata
 from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
+from engine_launcher.install import InstallError, install_engine, read_record, rpc_server_command
+from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES, child_env
 from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.rpc import DEFAULT_PORT, WILDCARD_HOSTS
 from engine_launcher.template_check import (
     Renderer,
     TemplateSource,
@@ -358,8 +360,6 @@ def _add_normalize_parser(commands: argparse._SubParsersAction[argparse.Argument
 
 
 def _add_rpc_worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from engine_launcher.rpc import DEFAULT_PORT
-
     worker = commands.add_parser(
         "rpc-worker",
         help="run a llama.cpp RPC worker that `serve --rpc` splits a model across",
@@ -580,11 +580,6 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_rpc_worker(args: argparse.Namespace) -> int:
-    from engine_launcher.backends import Backend, SystemProbes, engine_devices
-    from engine_launcher.install import read_record, rpc_server_command
-    from engine_launcher.launch import child_env
-    from engine_launcher.rpc import WILDCARD_HOSTS
-
     if args.host.strip() in WILDCARD_HOSTS and not args.allow_all_interfaces:
         print(
             f"toolpair rpc-worker: refusing --host {args.host!r}: RPC has no authentication, and this listens on "
@@ -684,9 +679,6 @@ def _wrapped(text: str) -> str:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    from engine_launcher.backends import SystemProbes, build_plan, detect_backend
-    from engine_launcher.install import InstallError, install_engine
-
     settings = load_settings({"engine_backend": getattr(args, "backend", None)}, config_file=args.config)
     if args.engine_command == "detect":
         probes = SystemProbes()

@@ -391,6 +391,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         extra=extra,
         env=run_env,
     )
+    template_text: str | None
     if template is not None:
         # The engine reads the file through template_file_parts (a list of named templates gives
         # its tool_use one), so the format is detected from the very template the engine renders.
@@ -404,7 +405,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         launch,
         backend,
         warnings,
-        template_text if isinstance(template_text, str) else None,
+        template_text,
         memory=memory,
         memory_budget=budget,
         logprobs_cost=logprobs_cost,

@@ -1,4 +1,4 @@
-"""The shape of proxy/: its import graph has no cycle, and no proxy import hides inside a function.
+"""The shape of proxy/ and engine_launcher/: no import cycle, and no project import hides in a function.
 
 A function-local import is how a cycle gets hidden; with none, the module-level graph is the whole
 graph, and the check below sees every edge.
@@ -9,23 +9,24 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROXY = Path(__file__).resolve().parents[2] / "proxy"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("proxy", "engine_launcher")
 
 
 def _modules() -> dict[str, Path]:
     modules = {}
-    for path in PROXY.rglob("*.py"):
-        parts = path.relative_to(PROXY.parent).with_suffix("").parts
+    for path in (p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         modules[name] = path
     return modules
 
 
 def _imports(tree: ast.Module, modules: dict[str, Path]) -> list[tuple[str, int]]:
-    """Every proxy module this tree imports, with the column of the import statement."""
+    """Every project module this tree imports, with the column of the import statement."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("proxy"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGES):
             names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -84,7 +85,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_proxy_imports_form_no_cycle_and_none_hides_in_a_function() -> None:
+def test_project_imports_form_no_cycle_and_none_hides_in_a_function() -> None:
     graph, local = _graph()
     assert local == []
     assert _cycle(graph) is None
@@ -102,8 +103,11 @@ LAYERS = (
     ("proxy.engine",),
     ("proxy.ops", "proxy.normalize"),
     ("proxy.order", "proxy.sse", "proxy.errors", "proxy.config", "proxy._types", "proxy"),
+    ("engine_launcher",),
 )
-"""proxy/ from the top down: a module imports only from its own layer or the ones below.
+"""proxy/ from the top down, then engine_launcher/: a module imports only from its own layer or below.
+
+engine_launcher/ is the bottom layer: the proxy calls it, and it never imports the proxy.
 
 The top layer are the entry points and the one module that wires the others together (``app``);
 ``proxy`` itself (its version) is a leaf."""
