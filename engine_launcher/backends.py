@@ -34,6 +34,7 @@ __all__ = [
     "Detection",
     "EngineDevices",
     "NvidiaGpu",
+    "ProbedOnce",
     "Probes",
     "NO_AMX_FLAGS",
     "PORTABLE_FLAG",
@@ -46,6 +47,7 @@ __all__ = [
     "runs_on_compute_capability",
     "detect_backend",
     "engine_devices",
+    "gpu_free_memory",
     "install_hint",
     "kfd_gfx_targets",
     "parse_backend",
@@ -111,16 +113,18 @@ class NvidiaGpu:
     name: str
     uuid: str = ""
     compute_cap: str = ""
+    memory_free: int | None = None
+    """Free memory in bytes, when the listing says (the query's fifth column, in MiB)."""
 
 
 _SMI_LIST = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: ([^)]+)\))?\s*$")
 
 
 def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
-    """GPUs from ``nvidia-smi --query-gpu=index,name,uuid,compute_cap --format=csv,noheader`` or ``nvidia-smi -L``.
+    """GPUs from ``nvidia-smi --query-gpu=index,name,uuid,compute_cap,memory.free`` (CSV) or ``nvidia-smi -L``.
 
-    >>> parse_nvidia_smi("0, NVIDIA H200, GPU-1a2b, 9.0\\n")
-    [NvidiaGpu(index='0', name='NVIDIA H200', uuid='GPU-1a2b', compute_cap='9.0')]
+    >>> parse_nvidia_smi("0, NVIDIA H200, GPU-1a2b, 9.0, 143000\\n")
+    [NvidiaGpu(index='0', name='NVIDIA H200', uuid='GPU-1a2b', compute_cap='9.0', memory_free=149946368000)]
     """
     gpus: list[NvidiaGpu] = []
     for line in text.splitlines():
@@ -133,7 +137,8 @@ def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
         if len(parts) >= 2 and parts[0].isdigit():
             uuid = parts[2] if len(parts) > 2 else ""
             cap = parts[3] if len(parts) > 3 and re.fullmatch(r"\d+\.\d+", parts[3]) else ""
-            gpus.append(NvidiaGpu(parts[0], parts[1], uuid, cap))
+            free = int(parts[4]) * 1024 * 1024 if len(parts) > 4 and parts[4].isdigit() else None
+            gpus.append(NvidiaGpu(parts[0], parts[1], uuid, cap, free))
     return gpus
 
 
@@ -451,8 +456,44 @@ class SystemProbes:
         return Path(path).exists()
 
 
+class ProbedOnce:
+    """Probes that ask the machine each question once: a second ask gets the first answer.
+
+    One ``serve`` start asks detection, the devices check and the memory plan the same
+    questions (nvidia-smi takes a second or more with a GPU asleep); the machine does not
+    change in between, so the first answer is the answer. Hold one for one decision, not
+    for the life of a long-running process.
+    """
+
+    def __init__(self, probes: Probes) -> None:
+        self._probes = probes
+        self._runs: dict[tuple[str, ...], str | None] = {}
+        self._kfd: list[str] | None = None
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        key = tuple(argv)
+        if key not in self._runs:
+            self._runs[key] = self._probes.run(argv)
+        return self._runs[key]
+
+    def kfd_properties(self) -> list[str]:
+        if self._kfd is None:
+            self._kfd = self._probes.kfd_properties()
+        return list(self._kfd)
+
+    def platform(self) -> tuple[str, str]:
+        return self._probes.platform()
+
+    def which(self, name: str) -> str | None:
+        return self._probes.which(name)
+
+    def exists(self, path: str) -> bool:
+        return self._probes.exists(path)
+
+
 ONEAPI_SETVARS = "/opt/intel/oneapi/setvars.sh"
-_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid,compute_cap", "--format=csv,noheader")
+_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid,compute_cap,memory.free", "--format=csv,noheader,nounits")
+"""The one nvidia-smi query: detection, the devices check and the memory plan all read its answer."""
 
 
 def _oneapi(env: Mapping[str, str], probes: Probes) -> bool:
@@ -464,6 +505,12 @@ def _cuda_gpus(env: Mapping[str, str], probes: Probes) -> list[NvidiaGpu]:
     if smi is None:
         smi = probes.run(["nvidia-smi", "-L"])
     return visible_cuda_gpus(parse_nvidia_smi(smi or ""), env)
+
+
+def gpu_free_memory(env: Mapping[str, str], probes: Probes) -> int | None:
+    """Free memory of the first NVIDIA GPU a CUDA program may use, from the one nvidia-smi query; else None."""
+    gpus = _cuda_gpus(env, probes)
+    return gpus[0].memory_free if gpus else None
 
 
 def _compute_capabilities(gpus: Sequence[NvidiaGpu]) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ from engine_launcher.backends import (
     BuildPlan,
     CudaToolkit,
     EngineDevices,
+    ProbedOnce,
     Probes,
     SystemProbes,
     build_plan,
@@ -506,7 +507,7 @@ def install_engine(
     ``portable`` and ``amx`` choose the CPU code (see :func:`build_plan`).
     """
     env = os.environ if env is None else env
-    probes = probes or SystemProbes()
+    probes = ProbedOnce(probes or SystemProbes())  # detection and the devices check ask the machine once
     detection = detect_backend(env, probes, explicit=backend)
     _say(out, f"engine backend: {detection.backend.value} ({detection.reason})")
     plan = build_plan(detection, env, probes, portable=portable, amx=amx)

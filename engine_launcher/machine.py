@@ -1,15 +1,14 @@
-"""What this machine has for the engine: memory, GPU memory, cores. Reads the system; decides nothing."""
+"""What this machine has for the engine: memory and cores. Reads the system; decides nothing.
+
+GPUs and their memory come from ``backends``' one nvidia-smi query.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
-__all__ = ["available_memory", "gpu_free_memory", "physical_cores", "usable_cores"]
-
-MIB = 1024 * 1024
+__all__ = ["available_memory", "physical_cores", "usable_cores"]
 
 
 def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -23,25 +22,6 @@ def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
             parts = line.split()
             return int(parts[1]) * 1024 if len(parts) >= 2 and parts[1].isdigit() else None
     return None
-
-
-def gpu_free_memory(timeout: float = 3.0) -> int | None:
-    """Free memory of the first NVIDIA GPU in bytes, when nvidia-smi can tell; else None."""
-    tool = shutil.which("nvidia-smi")
-    if tool is None:
-        return None
-    try:
-        found = subprocess.run(
-            [tool, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = found.stdout.strip().splitlines()[:1]
-    return int(first[0].strip()) * MIB if found.returncode == 0 and first and first[0].strip().isdigit() else None
 
 
 def usable_cores() -> int:

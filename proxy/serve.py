@@ -41,9 +41,12 @@ from engine_launcher.backends import (
     RPC_FLAG,
     Backend,
     EngineDevices,
+    ProbedOnce,
+    Probes,
     SystemProbes,
     detect_backend,
     engine_devices,
+    gpu_free_memory,
     parse_backend,
 )
 from engine_launcher.cpu_features import cpu_flags, missing_instruction_sets
@@ -60,7 +63,7 @@ from engine_launcher.launch import (
     free_port,
     installed_setting_names,
 )
-from engine_launcher.machine import available_memory, gpu_free_memory, physical_cores, usable_cores
+from engine_launcher.machine import available_memory, physical_cores, usable_cores
 from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
 from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
 from engine_launcher.process import (
@@ -227,7 +230,13 @@ def _check_tuning(settings: Settings) -> None:
 
 
 def _memory_plan(
-    settings: Settings, shape: ModelShape | None, model: Path, trained: int | None, gpu_layers: int, backend: str
+    settings: Settings,
+    shape: ModelShape | None,
+    model: Path,
+    trained: int | None,
+    gpu_layers: int,
+    backend: str,
+    probes: Probes,
 ) -> tuple[int, MemoryEstimate | None, int | None, list[str]]:
     """n_ctx, its memory estimate, the budget it was checked against, and what start-up should say about it."""
     wanted = settings.engine_ctx_size or trained or _FALLBACK_CTX
@@ -254,7 +263,7 @@ def _memory_plan(
     # A GPU build with every layer offloaded holds weights, KV cache and compute buffers in GPU
     # memory; what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
     ram = available_memory()
-    vram = gpu_free_memory() if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
+    vram = gpu_free_memory(os.environ, probes) if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
 
     engines = settings.engine_parallel  # --parallel N: N engines, each needing all of it
 
@@ -314,6 +323,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError("llama-cpp-python is not installed here: run `toolpair engine install`")
     extra = engine_args(settings.engine_args, installed_setting_names())
+    probes = ProbedOnce(SystemProbes(timeout=10.0))  # every check below asks the machine once
     record = read_record()
     if record is None:
         backend = "unknown"
@@ -321,7 +331,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     else:
         backend = record.backend
         if check_machine:
-            found = detect_backend(os.environ, SystemProbes(timeout=3.0), explicit=settings.engine_backend)
+            found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
             if found.backend.value != record.backend:
                 wanted = (
                     f"engine_backend is {found.backend.value}"
@@ -343,7 +353,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
             )
     devices = None
     if record is not None and record.gpu and check_machine:
-        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
+        devices = engine_devices(Backend(record.backend), os.environ, probes, record.cmake_args)
         if devices is not None and devices.problem:
             if devices.fatal:  # the engine would fail to load or to run: stop, in one line
                 raise ConfigError(devices.problem)
@@ -361,7 +371,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         gpu_layers = 0 if backend == "cpu" and not rpc_servers else -1
     trained = context_length(metadata)
     shape = ModelShape.from_metadata(metadata)
-    n_ctx, memory, budget, notes = _memory_plan(settings, shape, model, trained, gpu_layers, backend)
+    n_ctx, memory, budget, notes = _memory_plan(settings, shape, model, trained, gpu_layers, backend, probes)
     warnings += notes
     if settings.engine_ctx_size and trained and settings.engine_ctx_size > trained:
         warnings.append(f"--ctx-size {settings.engine_ctx_size} is beyond the model's training context ({trained})")

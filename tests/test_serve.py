@@ -648,6 +648,20 @@ def test_serve_on_a_cpu_without_the_builds_instruction_sets_exits_in_one_line(
     assert "Traceback" not in "\n".join(said)
 
 
+def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Detection, the devices check and the memory plan read one query (each run takes seconds on a cold GPU)."""
+    monkeypatch.setattr(
+        serve, "read_record", lambda: dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on"])
+    )
+    h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0, 1024\n"})
+    monkeypatch.setattr(serve, "SystemProbes", lambda timeout: h200)
+    plan = serve.plan_serve(Settings(), out=io.StringIO())
+    assert [argv[0] for argv in h200.ran].count("nvidia-smi") == 1
+    assert plan.memory_budget == 1024 * 1024 * 1024  # the GPU's free MiB, not the machine's RAM
+
+
 def test_a_cuda_build_for_another_gpu_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp would load it, then stop at its first kernel: "no kernel image is available"."""
     ampere = dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"])
