@@ -128,6 +128,7 @@ class Settings:
     tool_call_format: str = "auto"
     reasoning: bool = True
     think_in_prompt: bool = False
+    tool_call_ids: str = "any"
     vision: bool = False
     # Anthropic Messages (/v1/messages, /v1/messages/count_tokens)
     messages_mode: ApiMode = ApiMode.AUTO

@@ -79,6 +79,7 @@ from engine_launcher.template_file import template_file_parts
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ConfigError, Settings
+from proxy.engine.call_ids import ANY, template_call_id_form
 from proxy.engine.plan import engine_setup
 from proxy.engine.queueing import EnginePool, PoolEngine
 from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
@@ -451,6 +452,8 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
         changes["tool_call_format"] = "auto" if detected == "none" else detected
     if not settings.think_in_prompt and text:
         changes["think_in_prompt"] = template_opens_think(text)
+    if settings.tool_call_ids == ANY and text:
+        changes["tool_call_ids"] = template_call_id_form(text)
     if settings.count_tokens_template is None and plan.launch.chat_template is not None:
         # count_tokens renders with the very template the engine uses, so its count is exact.
         changes["count_tokens_template"] = str(plan.launch.chat_template)

@@ -201,3 +201,49 @@ def test_a_template_file_without_special_tokens_still_answers(tmp_path: Path) ->
         process.wait(60)
     assert answer.usage is not None and answer.usage.completion_tokens > 0
     assert answer.choices[0].message.content
+
+
+# --- a template that demands its own tool-call IDs ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mistral_nemo_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Mistral Nemo's template refuses any tool-call ID that is not nine alphanumerics."""
+    tmp = tmp_path_factory.mktemp("mistral-nemo-template")
+    text = (Path(survey.fetch_templates()) / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+    config = tmp / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": text, "bos_token": "<s>", "eos_token": "</s>"}))
+    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
+    try:
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        assert "Traceback" not in err.read_text()
+
+
+async def test_mistral_nemo_answers_a_claude_code_history_with_toolu_ids(mistral_nemo_served: str) -> None:
+    """The IDs are mapped for the render only; count_tokens renders the same prompt the engine read."""
+    async with AsyncAnthropic(base_url=mistral_nemo_served, api_key="any", max_retries=0, timeout=120) as api:
+        answer = await asyncio.wait_for(
+            api.messages.create(model="m", max_tokens=8, tools=[ANTHROPIC_TOOL], messages=ANTHROPIC_HISTORY), 120
+        )
+        counted = await api.messages.count_tokens(model="m", tools=[ANTHROPIC_TOOL], messages=ANTHROPIC_HISTORY)
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert answer.usage.input_tokens > 50 and counted.input_tokens == answer.usage.input_tokens
+
+
+async def test_mistral_nemo_answers_chat_tool_results_with_openai_ids(mistral_nemo_served: str) -> None:
+    messages: list[Any] = [
+        {"role": "user", "content": "Weather in Paris and Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("call_paris", '{"city": "Paris"}'), _call("call_oslo", '{"city": "Oslo"}')],
+        },
+        {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C"},
+        {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C"},
+    ]
+    async with client(mistral_nemo_served) as api:
+        done = await api.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=8)
+    assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy._types import Body, Message
+from proxy.engine.call_ids import rendered_ids
 from proxy.engine.kinds import EngineKind, EngineProfile
 from proxy.errors import ClientInputError
 
@@ -275,6 +276,15 @@ _LOGPROBS_OFF = (
 )
 
 
+def map_call_ids_for_template(body: Body, profile: EngineProfile) -> Body:
+    """Tool-call IDs the model's template would refuse (Mistral's nine characters) mapped for rendering."""
+    messages = body.get("messages")
+    if profile.call_id_form == "any" or not isinstance(messages, list):
+        return body
+    mapped = rendered_ids(messages, profile.call_id_form)
+    return body if mapped is messages else {**body, "messages": mapped}
+
+
 def refuse_logprobs(body: Body, profile: EngineProfile) -> Body:
     """``logprobs`` or ``top_logprobs`` for an engine without them is a 400, not its 500 or a silent null."""
     if profile.logprobs:
@@ -340,6 +350,7 @@ RULES: tuple[Rule, ...] = (
     narrow_allowed_tools,
     rename_max_completion_tokens,
     json_schema_as_json_object,
+    map_call_ids_for_template,
 )
 """Every rule, in the order they apply: refusals first, then rewrites."""
 

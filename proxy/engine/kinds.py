@@ -90,6 +90,9 @@ class EngineProfile:
     """A kept-alive connection stays usable after a failed request (else each request gets a fresh one)."""
     logprobs: bool = True
     """Serves logprobs (llama-cpp-python only when started with ``logits_all``: a setting, engine_logprobs)."""
+    call_id_form: str = "any"
+    """What the model's chat template accepts as a tool-call ID (a setting, ``tool_call_ids``: it depends on
+    the model); see :mod:`proxy.engine.call_ids`."""
 
 
 ENGINES: dict[EngineKind, EngineProfile] = {

@@ -10,11 +10,12 @@ ordering moved nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
+from proxy.engine.call_ids import CALL_ID_FORMS
 from proxy.engine.kinds import EngineKind, EngineProfile, engine_profile
 from proxy.engine.toolcalls import FORMATS, ExtractOptions
 
@@ -54,6 +55,10 @@ def engine_setup(settings: Settings) -> EngineSetup:
         profile = engine_profile(kind, vision=settings.vision, logprobs=logprobs)
     except ValueError as exc:
         raise ConfigError(f"engine_kind: {exc}") from None
+    if settings.tool_call_ids not in CALL_ID_FORMS:
+        known = ", ".join(CALL_ID_FORMS)
+        raise ConfigError(f"tool_call_ids: unknown form {settings.tool_call_ids!r} (known: {known})")
+    profile = replace(profile, call_id_form=settings.tool_call_ids)
     if settings.tool_call_format not in TOOL_CALL_FORMATS:
         known = ", ".join(TOOL_CALL_FORMATS)
         raise ConfigError(f"tool_call_format: unknown format {settings.tool_call_format!r} (known: {known})")

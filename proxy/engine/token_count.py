@@ -18,6 +18,7 @@ available: one token for every four bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import orjson
 from engine_launcher.chat_template import compiled, render_prompt
 from engine_launcher.template_file import TemplateFileError, template_file_parts
 from proxy._types import Body
+from proxy.engine.call_ids import rendered_ids, template_call_id_form
 
 __all__ = ["ChatTemplate", "TemplateError", "estimate_tokens", "engine_view"]
 
@@ -131,6 +133,10 @@ class ChatTemplate:
             raise TemplateError(f"chat template {path} does not compile: {exc}") from None
         return cls(template, bos_token, eos_token, str(path))
 
+    @cached_property
+    def call_id_form(self) -> str:
+        return template_call_id_form(self.source)
+
     def render(self, body: Body) -> str:
         """The prompt text for a Chat Completions body, the generation prompt included.
 
@@ -142,10 +148,11 @@ class ChatTemplate:
         '<user>Hi<assistant>'
         """
         view = engine_view(body)
+        messages = rendered_ids(view["messages"], self.call_id_form)  # as the engine gets them (adapt)
         try:
             return render_prompt(
                 self.source,
-                view["messages"],
+                messages,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
                 tools=view["tools"],
