@@ -18,7 +18,7 @@ engine's own formatter. Pure: text in, text out.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -88,11 +88,13 @@ def render_prompt(
     tool_choice: Any = None,
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
+    ``variables``: more template variables (``enable_thinking``, ...), under the ones above.
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     ...               "{% if add_generation_prompt %}<assistant>{% endif %}",
@@ -103,16 +105,19 @@ def render_prompt(
 
     def render(messages: Sequence[Any]) -> str:
         return template.render(
-            messages=messages,
-            eos_token=eos_token,
-            bos_token=bos_token,
-            raise_exception=_raise_exception,
-            add_generation_prompt=True,
-            functions=None,
-            function_call=None,
-            tools=tools,
-            tool_choice=tool_choice,
-            strftime_now=strftime_now,
+            {
+                **(variables or {}),
+                "messages": messages,
+                "eos_token": eos_token,
+                "bos_token": bos_token,
+                "raise_exception": _raise_exception,
+                "add_generation_prompt": True,
+                "functions": None,
+                "function_call": None,
+                "tools": tools,
+                "tool_choice": tool_choice,
+                "strftime_now": strftime_now,
+            }
         )
 
     if as_transformers:

@@ -82,7 +82,7 @@ from proxy.config import ConfigError, Settings
 from proxy.engine.call_ids import ANY, template_call_id_form
 from proxy.engine.plan import engine_setup
 from proxy.engine.queueing import EnginePool, PoolEngine
-from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
+from proxy.engine.toolcalls import DEFAULT_REASONING_MARKERS, detect_tool_call_format, template_reasoning
 from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import EngineUnavailableError
 from proxy.http.probes import READINESS
@@ -450,8 +450,11 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
     if settings.tool_call_format == "auto" and text:
         detected = detect_tool_call_format(text)
         changes["tool_call_format"] = "auto" if detected == "none" else detected
-    if not settings.think_in_prompt and text:
-        changes["think_in_prompt"] = template_opens_think(text)
+    reasoning = template_reasoning(text) if text else None
+    if not settings.think_in_prompt and reasoning is not None:
+        changes["think_in_prompt"] = reasoning.opens_in_prompt
+    if reasoning is not None and settings.reasoning_markers == list(DEFAULT_REASONING_MARKERS):
+        changes["reasoning_markers"] = [reasoning.open, reasoning.close]
     if settings.tool_call_ids == ANY and text:
         changes["tool_call_ids"] = template_call_id_form(text)
     if settings.count_tokens_template is None and plan.launch.chat_template is not None:

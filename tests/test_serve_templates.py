@@ -247,3 +247,57 @@ async def test_mistral_nemo_answers_chat_tool_results_with_openai_ids(mistral_ne
     async with client(mistral_nemo_served) as api:
         done = await api.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=8)
     assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+# --- a template whose prompt opens the reasoning block ----------------------------------------
+
+
+def exact_text_grammar(text: str) -> str:
+    """A GBNF grammar under which the engine can write only ``text``: the model's output, forced."""
+    return "root ::= " + json.dumps(text)
+
+
+@pytest.fixture(scope="module")
+def qwen35_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Qwen3.5's prompt block holds both an opened and a closed <think>; with thinking on it opens."""
+    tmp = tmp_path_factory.mktemp("qwen3.5-template")
+    text = (Path(survey.fetch_templates()) / "Qwen3.5-4B.jinja").read_text()
+    config = tmp / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": text, "bos_token": "", "eos_token": "<|im_end|>"}))
+    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
+    try:
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        assert "Traceback" not in err.read_text()
+
+
+QWEN35_REPLY = "Paris is warmer.\n</think>\n\nIt is sunny in Paris."
+QWEN35_REASONING = "Paris is warmer.\n"  # up to </think>, as the model wrote it
+
+
+async def test_qwen35_reasoning_opened_by_its_prompt_goes_to_the_reasoning_field(qwen35_served: str) -> None:
+    forced = {"grammar": exact_text_grammar(QWEN35_REPLY)}
+    messages: list[Any] = [{"role": "user", "content": "Where is it warmer, Paris or Oslo?"}]
+    async with client(qwen35_served) as api:
+        done = await api.chat.completions.create(model="m", messages=messages, max_tokens=40, extra_body=forced)
+        chunks = await api.chat.completions.create(
+            model="m", messages=messages, max_tokens=40, extra_body=forced, stream=True
+        )
+        streamed = {"reasoning": "", "content": ""}
+        async for chunk in chunks:
+            for choice in chunk.choices:
+                streamed["reasoning"] += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+                streamed["content"] += choice.delta.content or ""
+    said = done.choices[0].message
+    assert [(said.model_extra or {}).get("reasoning_content"), said.content] == [
+        QWEN35_REASONING,
+        "It is sunny in Paris.",
+    ]
+    assert streamed == {"reasoning": QWEN35_REASONING, "content": "It is sunny in Paris."}
+    # Anthropic has no grammar field: the model writes what it likes, and it starts inside <think>.
+    async with AsyncAnthropic(base_url=qwen35_served, api_key="any", max_retries=0, timeout=120) as anthropic:
+        answer = await anthropic.messages.create(model="m", max_tokens=24, messages=messages)
+    assert answer.content and answer.content[0].type == "thinking"
+    assert not any("think>" in getattr(block, "text", "") for block in answer.content)

@@ -33,6 +33,8 @@ class EngineSetup:
     """A key of :data:`~proxy.engine.toolcalls.FORMATS`, or ``none``."""
     reasoning: bool
     think_in_prompt: bool
+    think_markers: tuple[str, str] = ("<think>", "</think>")
+    """The model's reasoning markers, opening and closing (``reasoning_markers``)."""
 
     @property
     def sees_images(self) -> bool:
@@ -62,7 +64,12 @@ def engine_setup(settings: Settings) -> EngineSetup:
     if settings.tool_call_format not in TOOL_CALL_FORMATS:
         known = ", ".join(TOOL_CALL_FORMATS)
         raise ConfigError(f"tool_call_format: unknown format {settings.tool_call_format!r} (known: {known})")
-    return EngineSetup(profile, settings.tool_call_format, settings.reasoning, settings.think_in_prompt)
+    markers = settings.reasoning_markers
+    if len(markers) != 2 or not all(isinstance(m, str) and m for m in markers):
+        raise ConfigError(f"reasoning_markers: two nonempty strings (opening, closing), got {markers!r}")
+    return EngineSetup(
+        profile, settings.tool_call_format, settings.reasoning, settings.think_in_prompt, (markers[0], markers[1])
+    )
 
 
 GENERIC = engine_setup(Settings())
@@ -116,6 +123,7 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
         calls=fmt if tools else None,
         reasoning=reasoning,
         think_open=setup.think_in_prompt,
+        think_markers=setup.think_markers,
         parallel=body.get("parallel_tool_calls") is not False,
         tools=tools,
     )

@@ -11,9 +11,11 @@ from proxy.engine.toolcalls._chunks import ChunkExtractor, Note, extract_complet
 from proxy.engine.toolcalls._detect import detect_tool_call_format, template_opens_think
 from proxy.engine.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
 from proxy.engine.toolcalls._qwen3coder import convert_value
-from proxy.engine.toolcalls._text import FORMATS, ExtractOptions, TextExtractor
+from proxy.engine.toolcalls._reasoning import ReasoningForm, template_reasoning
+from proxy.engine.toolcalls._text import DEFAULT_REASONING_MARKERS, FORMATS, ExtractOptions, TextExtractor
 
 __all__ = [
+    "DEFAULT_REASONING_MARKERS",
     "FORMATS",
     "ChunkExtractor",
     "Content",
@@ -22,6 +24,7 @@ __all__ = [
     "IdSource",
     "Note",
     "Reasoning",
+    "ReasoningForm",
     "TextExtractor",
     "ToolCall",
     "convert_value",
@@ -29,4 +32,5 @@ __all__ = [
     "extract_completion",
     "random_call_id",
     "template_opens_think",
+    "template_reasoning",
 ]

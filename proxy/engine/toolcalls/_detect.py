@@ -8,6 +8,10 @@ template in use (``toolpair serve`` does; a sidecar does not, and uses
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.engine.toolcalls._reasoning import template_reasoning
 
 __all__ = ["detect_tool_call_format", "template_opens_think"]
 
@@ -35,19 +39,16 @@ def detect_tool_call_format(template: str) -> str:
     return "none"
 
 
-def template_opens_think(template: str) -> bool:
-    """Whether the generation prompt ends inside ``<think>``, so the reply starts as reasoning.
+def template_opens_think(template: str, variables: Mapping[str, Any] | None = None) -> bool:
+    """Whether the rendered generation prompt ends inside the model's reasoning block.
+
+    Rendered, not searched: Qwen3.5's prompt block holds both an opened and a closed ``<think>``,
+    and which one the model gets depends on ``variables`` (see :mod:`._reasoning`).
 
     >>> template_opens_think("{% if add_generation_prompt %}{{ '<|Assistant|><think>\\n' }}{% endif %}")
     True
     >>> template_opens_think("{% if add_generation_prompt %}<think>\\n\\n</think>\\n\\n{% endif %}")
     False
     """
-    start = template.rfind("add_generation_prompt")
-    if start < 0:
-        return False
-    block = template[start:]
-    end = _ENDIF.search(block)
-    if end is not None:
-        block = block[: end.start()]
-    return "<think>" in block and "</think>" not in block
+    form = template_reasoning(template, variables)
+    return form is not None and form.opens_in_prompt

@@ -42,12 +42,13 @@ from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
-__all__ = ["FORMATS", "ExtractOptions", "TextExtractor"]
+__all__ = ["DEFAULT_REASONING_MARKERS", "FORMATS", "ExtractOptions", "TextExtractor"]
 
 log = logging.getLogger("toolpair.toolcalls")
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+DEFAULT_REASONING_MARKERS = (THINK_OPEN, THINK_CLOSE)
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "hermes": (TOOL_CALL_OPEN,),
@@ -79,7 +80,9 @@ class ExtractOptions:
     reasoning: bool = False
     """Move a leading ``<think>…</think>`` block into reasoning."""
     think_open: bool = False
-    """The prompt already opened ``<think>``: the reply starts inside it."""
+    """The prompt already opened the reasoning block: the reply starts inside it."""
+    think_markers: tuple[str, str] = DEFAULT_REASONING_MARKERS
+    """The model's reasoning markers (see :mod:`._reasoning`): ``<think>``, ``<seed:think>``, ..."""
     parallel: bool = True
     """False keeps only the first call (``parallel_tool_calls: false``)."""
     tools: Mapping[str, Any] = field(default_factory=dict)
@@ -109,6 +112,7 @@ class TextExtractor:
             self._phase = "content"
         else:
             self._phase = "reasoning" if options.think_open else "start"
+        self._think_open, self._think_close = options.think_markers
         self._buffer = ""
         self._trim = options.reasoning and options.think_open  # drop whitespace that opens a section
         self._at_start = True
@@ -147,11 +151,11 @@ class TextExtractor:
 
     def _start(self, final: bool) -> bool:
         stripped = self._buffer.lstrip()
-        if stripped.startswith(THINK_OPEN):
-            self._buffer = stripped[len(THINK_OPEN) :]
+        if stripped.startswith(self._think_open):
+            self._buffer = stripped[len(self._think_open) :]
             self._phase, self._trim = "reasoning", True
             return True
-        if not final and THINK_OPEN.startswith(stripped):
+        if not final and self._think_open.startswith(stripped):
             return False
         self._phase = "content"
         return True
@@ -168,14 +172,14 @@ class TextExtractor:
     def _reasoning(self, out: list[Event], final: bool) -> bool:
         if not self._trimmed():
             return False
-        end = self._buffer.find(THINK_CLOSE)
+        end = self._buffer.find(self._think_close)
         if end >= 0:
             if end:
                 out.append(Reasoning(self._buffer[:end]))
-            self._buffer = self._buffer[end + len(THINK_CLOSE) :]
+            self._buffer = self._buffer[end + len(self._think_close) :]
             self._phase, self._trim = "content", True
             return True
-        keep = 0 if final else held_suffix(self._buffer, (THINK_CLOSE,))
+        keep = 0 if final else held_suffix(self._buffer, (self._think_close,))
         cut = len(self._buffer) - keep
         if cut:
             out.append(Reasoning(self._buffer[:cut]))
