@@ -88,11 +88,13 @@ def render_prompt(
     tool_choice: Any = None,
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
+    add_generation_prompt: bool = True,
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
+    ``add_generation_prompt`` False renders a finished conversation (the model's own turns as written).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     ...               "{% if add_generation_prompt %}<assistant>{% endif %}",
@@ -107,7 +109,7 @@ def render_prompt(
             eos_token=eos_token,
             bos_token=bos_token,
             raise_exception=_raise_exception,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             functions=None,
             function_call=None,
             tools=tools,

@@ -75,9 +75,8 @@ from engine_launcher.rpc import parse_endpoints
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ConfigError, Settings
-from proxy.engine.plan import engine_setup
+from proxy.engine.plan import engine_setup, follow_template
 from proxy.engine.queueing import EnginePool, PoolEngine
-from proxy.engine.toolcalls import detect_tool_call_format, template_opens_think
 from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import EngineUnavailableError
 from proxy.http.probes import READINESS
@@ -431,16 +430,10 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
     Only ``auto`` or unset values are filled in; explicit settings win.
     """
     changes: dict[str, object] = {"engine_kind": "llama-cpp-python", "engine_logprobs": plan.launch.logits_all}
-    text = plan.template_text or ""
-    if settings.tool_call_format == "auto" and text:
-        detected = detect_tool_call_format(text)
-        changes["tool_call_format"] = "auto" if detected == "none" else detected
-    if not settings.think_in_prompt and text:
-        changes["think_in_prompt"] = template_opens_think(text)
     if settings.count_tokens_template is None and plan.launch.chat_template is not None:
         # count_tokens renders with the very template the engine uses, so its count is exact.
         changes["count_tokens_template"] = str(plan.launch.chat_template)
-    return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+    return follow_template(dataclasses.replace(settings, **changes), plan.template_text or "")  # type: ignore[arg-type]
 
 
 def _local(host: str) -> str:

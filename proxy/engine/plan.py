@@ -10,15 +10,16 @@ ordering moved nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
 from proxy.engine.kinds import EngineKind, EngineProfile, engine_profile
-from proxy.engine.toolcalls import FORMATS, ExtractOptions
+from proxy.engine.toolcalls import FORMATS, ExtractOptions, detect_tool_call_format, template_opens_think
 
-__all__ = ["GENERIC", "EngineSetup", "ReplyPlan", "engine_setup", "reply_plan"]
+__all__ = ["GENERIC", "EngineSetup", "ReplyPlan", "engine_setup", "follow_template", "reply_plan"]
 
 TOOL_CALL_FORMATS = (*FORMATS, "none")
 
@@ -58,6 +59,29 @@ def engine_setup(settings: Settings) -> EngineSetup:
         known = ", ".join(TOOL_CALL_FORMATS)
         raise ConfigError(f"tool_call_format: unknown format {settings.tool_call_format!r} (known: {known})")
     return EngineSetup(profile, settings.tool_call_format, settings.reasoning, settings.think_in_prompt)
+
+
+def follow_template(settings: Settings, template: str) -> Settings:
+    """``settings`` with the tool-call format and open reasoning that the model's chat template teaches.
+
+    Only ``auto`` or unset values are filled in; explicit settings win. A template whose format is
+    not known keeps ``auto``, which reads every marked form. ``toolpair serve`` passes the template
+    it hands its engine, ``toolpair proxy`` the one its ``--chat-template-file`` names.
+
+    >>> follow_template(Settings(), '{{ "<tool_call>" }}').tool_call_format
+    'hermes'
+    >>> follow_template(Settings(tool_call_format="none"), '{{ "<tool_call>" }}').tool_call_format
+    'none'
+    """
+    if not template:
+        return settings
+    changes: dict[str, Any] = {}
+    if settings.tool_call_format == "auto":
+        detected = detect_tool_call_format(template)
+        changes["tool_call_format"] = "auto" if detected == "none" else detected
+    if not settings.think_in_prompt:
+        changes["think_in_prompt"] = template_opens_think(template)
+    return dataclasses.replace(settings, **changes)
 
 
 GENERIC = engine_setup(Settings())
