@@ -442,13 +442,8 @@ def _setup_logging(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format)
 
 
-def proxy_settings(args: argparse.Namespace) -> tuple[Settings, Detection]:
-    """The settings ``toolpair proxy`` runs with: its flags, the engine found, and what the chat template teaches.
-
-    A ``--chat-template-file`` (``chat_template:``) sets the tool-call format and open reasoning
-    (:func:`~proxy.engine.plan.follow_template`) for an engine that leaves calls in its text; an
-    engine that parses calls itself keeps its own reading.
-    """
+def load_proxy_settings(args: argparse.Namespace) -> Settings:
+    """``toolpair proxy``'s settings from its flags, the environment and the config file, checked."""
     settings = _settings(
         args,
         "upstream",
@@ -464,10 +459,20 @@ def proxy_settings(args: argparse.Namespace) -> tuple[Settings, Detection]:
     problem = upstream_key_problem(settings)
     if problem is not None:
         raise ConfigError(problem)
+    return settings
+
+
+def resolve_proxy_settings(settings: Settings) -> tuple[Settings, Detection]:
+    """What ``toolpair proxy`` runs with: the engine found (asked when ``auto``), and what the chat template teaches.
+
+    A ``--chat-template-file`` (``chat_template:``) sets the tool-call format and open reasoning
+    (:func:`~proxy.engine.plan.follow_template`) for an engine that leaves calls in its text; an
+    engine that parses calls itself keeps its own reading.
+    """
     template = _template_file(settings.chat_template) if settings.chat_template else None
-    _setup_logging(settings)
     answers = None
     if settings.engine_kind is EngineKind.AUTO:
+        assert settings.upstream is not None  # load_proxy_settings requires one
         answers = probe_upstream(settings.upstream, wait=settings.engine_ready_wait)
     settings, found = resolve_engine(settings, answers)
     if template is not None and not engine_setup(settings).profile.parses_tool_calls:
@@ -476,7 +481,9 @@ def proxy_settings(args: argparse.Namespace) -> tuple[Settings, Detection]:
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
-    settings, found = proxy_settings(args)
+    settings = load_proxy_settings(args)
+    _setup_logging(settings)
+    settings, found = resolve_proxy_settings(settings)
     app = create_app(settings)
     for line in proxy_banner(settings, found).splitlines():  # one record a line: JSON logs stay one object a line
         logging.getLogger("toolpair").info("%s", line)

