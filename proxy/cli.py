@@ -37,6 +37,7 @@ from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, ch
 from proxy.engine.detect import PROBE_PATHS, Detection, ProbeAnswer, api_modes, resolve_engine
 from proxy.engine.kinds import EngineKind
 from proxy.engine.plan import TOOL_CALL_FORMATS, engine_setup, follow_template
+from proxy.engine.template_readback import read_back
 from proxy.normalize import cli as normalize_cli
 from proxy.ops.auth import keys_required, upstream_key_problem
 from proxy.ops.logs import setup_logging
@@ -722,6 +723,8 @@ def _run_check_template(args: argparse.Namespace) -> int:
     if verdict.detail:
         print(f"  the template says: {verdict.detail}")
     print(_wrapped(meaning(verdict.pairing)))
+    logging.getLogger("toolpair.toolcalls").setLevel(logging.ERROR)  # the line below says how the calls fared
+    print(read_back(source, renderer).line())
     return verdict.exit_status
 
 
