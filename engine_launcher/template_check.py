@@ -50,12 +50,16 @@ __all__ = [
     "TemplateSource",
     "TOOL",
     "TemplateVerdict",
+    "WRITTEN_CALLS",
+    "WRITTEN_TOOLS",
+    "WrittenTurn",
     "check_template",
     "conversation",
     "headline",
     "meaning",
     "render",
     "template_from_file_text",
+    "written_turn",
 ]
 
 CALL_IDS = ("Kq7Zt3Wm9", "Rb2Xn8Jp4")
@@ -166,7 +170,12 @@ class Renderer(Enum):
 
 
 def render(
-    source: TemplateSource, messages: list[dict[str, Any]], renderer: Renderer = Renderer.LLAMA_CPP_PYTHON
+    source: TemplateSource,
+    messages: list[dict[str, Any]],
+    renderer: Renderer = Renderer.LLAMA_CPP_PYTHON,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
 ) -> str:
     """The prompt ``renderer`` would build from ``messages``; raises whatever the template raises.
 
@@ -178,9 +187,10 @@ def render(
         messages,
         bos_token=source.bos_token,
         eos_token=source.eos_token,
-        tools=[TOOL],
+        tools=[TOOL] if tools is None else tools,
         strftime_now=_strftime_now,
         as_transformers=renderer is Renderer.TRANSFORMERS,
+        add_generation_prompt=add_generation_prompt,
     )
 
 
@@ -245,6 +255,122 @@ def check_template(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_C
     if _differs_only_in_ids(swapped, reversed_):
         return TemplateVerdict(Pairing.ID)
     return TemplateVerdict(Pairing.ID_MAPPED)
+
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "utc_offset": {"type": "integer"}},
+            "required": ["city", "utc_offset"],
+        },
+    },
+}
+
+WRITTEN_TOOLS = [TOOL, TIME_TOOL]
+"""The tools offered while the model writes :data:`WRITTEN_CALLS`."""
+
+WRITTEN_CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("get_weather", {"city": "Paris"}),
+    ("get_time", {"city": "Tokyo", "utc_offset": 9}),
+)
+"""Two parallel calls of two tools, with a string and a number among their arguments."""
+
+_TURN_MARK = "Sunny-7Qx"
+"""A plain assistant reply, to learn what closes a turn: found nowhere else in a rendering."""
+
+
+@dataclass(frozen=True)
+class WrittenTurn:
+    """What a template teaches its model to write for a turn of tool calls."""
+
+    text: str
+    """The model's text for the turn: the turn as the template renders it, after the generation prompt
+    and without what closes the turn (the engine stops there and leaves it out)."""
+    calls: tuple[tuple[str, dict[str, Any]], ...]
+    """The calls in that text: both of :data:`WRITTEN_CALLS`, or the first where two do not render."""
+
+
+def _written_call(index: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": CALL_IDS[index], "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _after_prompt(turn: str, prompt: str) -> str:
+    """The part of a finished conversation's rendering that the model writes after ``prompt``.
+
+    The two share the conversation up to the assistant's turn. Where the generation prompt goes on
+    past their common start (it opens ``<think>``, a finished turn closes it or leaves it out), the
+    model's text starts at the last token boundary before they part: a marker they begin alike
+    (``<|START_RESPONSE|>``, ``<|START_ACTION|>``) belongs to the model's text whole. A generation
+    prompt that opens ``<think>`` the finished turn lacks leaves the model inside it: its text closes
+    it first (with no reasoning).
+
+    >>> _after_prompt("<a><|START_ACTION|>[...]", "<a><|START_RESPONSE|>")
+    '<|START_ACTION|>[...]'
+    >>> _after_prompt("<a>\\n<b>", "<a>\\n")
+    '<b>'
+    >>> _after_prompt("<a><b>", "<a><think>\\n")
+    '</think>\\n\\n<b>'
+    """
+    shared = 0
+    for a, b in zip(turn, prompt, strict=False):
+        if a != b:
+            break
+        shared += 1
+    if shared < len(prompt):
+        while shared and turn[shared - 1] not in ">\n":
+            shared -= 1
+    text, opened = turn[shared:], prompt[shared:]
+    if "<think>" in opened and "</think>" not in opened and "</think>" not in text:
+        return "</think>\n\n" + text  # the prompt left the model inside <think>: it closes it first
+    return text
+
+
+def _turn_text(source: TemplateSource, renderer: Renderer, turn: dict[str, Any]) -> str:
+    """The model's text for ``turn``, after the question's generation prompt; raises what the template raises."""
+    question = {"role": "user", "content": "What is the weather in Paris, and the time in Tokyo?"}
+    prompt = render(source, [question], renderer, tools=WRITTEN_TOOLS)
+    rendered = render(source, [question, turn], renderer, tools=WRITTEN_TOOLS, add_generation_prompt=False)
+    return _after_prompt(rendered, prompt)
+
+
+def written_turn(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP_PYTHON) -> WrittenTurn | None:
+    """The text the model writes for :data:`WRITTEN_CALLS`; None when the template renders no such turn.
+
+    The turn is the rendering of the conversation ending in the assistant's calls, minus the
+    rendering of the same conversation up to the generation prompt, minus what closes a turn (learnt
+    from a plain reply rendered the same way). Both calls where the template renders them, else the
+    first alone (Llama 3.x and gpt-oss write one call a turn); the turn's content empty, else None
+    (DeepSeek R1's template writes calls only then).
+
+    >>> chatml = ("{% for m in messages %}<|im_start|>{{ m.role }}\\n{{ m.content }}"
+    ...           "{% for c in m.tool_calls or [] %}<call>{{ c.function.name }}</call>{% endfor %}<|im_end|>\\n"
+    ...           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}")
+    >>> written_turn(TemplateSource(chatml)).text
+    '<call>get_weather</call><call>get_time</call>'
+    """
+    try:
+        reply = _turn_text(source, renderer, {"role": "assistant", "content": _TURN_MARK})
+    except Exception:  # the template is foreign code: whatever it raises, it teaches no turn
+        return None
+    closing = reply[reply.find(_TURN_MARK) + len(_TURN_MARK) :].strip() if _TURN_MARK in reply else ""
+    for count in (2, 1):
+        chosen = WRITTEN_CALLS[:count]
+        calls = [_written_call(i, name, arguments) for i, (name, arguments) in enumerate(chosen)]
+        for content in ("", None):
+            try:
+                text = _turn_text(source, renderer, {"role": "assistant", "content": content, "tool_calls": calls})
+            except Exception:  # as above: this shape of turn is not one the template renders
+                continue
+            if not all(name in text for name, _ in chosen):
+                continue
+            if closing and text.rstrip().endswith(closing):
+                text = text.rstrip()[: -len(closing)]
+            return WrittenTurn(text, chosen)
+    return None
 
 
 def template_from_file_text(text: str, origin: str = "") -> TemplateSource:

@@ -38,7 +38,8 @@ from proxy.app import create_app
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
 from proxy.engine.detect import PROBE_PATHS, Detection, ProbeAnswer, api_modes, resolve_engine
 from proxy.engine.kinds import EngineKind
-from proxy.engine.plan import TOOL_CALL_FORMATS
+from proxy.engine.plan import TOOL_CALL_FORMATS, engine_setup, follow_template
+from proxy.engine.template_readback import read_back
 from proxy.normalize import cli as normalize_cli
 from proxy.ops.auth import keys_required, upstream_key_problem
 from proxy.ops.logs import setup_logging
@@ -97,6 +98,14 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--tool-call-format",
         choices=TOOL_CALL_FORMATS,
         help="how the model writes tool calls, for engines that return them as text (default auto)",
+    )
+    parser.add_argument(
+        "--chat-template-file",
+        dest="chat_template",
+        metavar="FILE",
+        help="the model's chat template (Jinja, or tokenizer_config-style JSON), for an engine that returns "
+        "tool calls as text: the call format and open reasoning follow from it (default: auto reads every "
+        "marked form)",
     )
 
 
@@ -434,20 +443,48 @@ def _setup_logging(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format)
 
 
-def _run_proxy(args: argparse.Namespace) -> int:
+def load_proxy_settings(args: argparse.Namespace) -> Settings:
+    """``toolpair proxy``'s settings from its flags, the environment and the config file, checked."""
     settings = _settings(
-        args, "upstream", "responses_mode", "messages_mode", "engine_kind", "tool_call_format", "responses_store"
+        args,
+        "upstream",
+        "responses_mode",
+        "messages_mode",
+        "engine_kind",
+        "tool_call_format",
+        "chat_template",
+        "responses_store",
     )
     if not settings.upstream:
         raise ConfigError("an upstream is required: --upstream URL, TOOLPAIR_UPSTREAM or 'upstream:' in the config")
     problem = upstream_key_problem(settings)
     if problem is not None:
         raise ConfigError(problem)
-    _setup_logging(settings)
+    return settings
+
+
+def resolve_proxy_settings(settings: Settings) -> tuple[Settings, Detection]:
+    """What ``toolpair proxy`` runs with: the engine found (asked when ``auto``), and what the chat template teaches.
+
+    A ``--chat-template-file`` (``chat_template:``) sets the tool-call format and open reasoning
+    (:func:`~proxy.engine.plan.follow_template`) for an engine that leaves calls in its text; an
+    engine that parses calls itself keeps its own reading.
+    """
+    template = _template_file(settings.chat_template) if settings.chat_template else None
     answers = None
     if settings.engine_kind is EngineKind.AUTO:
+        assert settings.upstream is not None  # load_proxy_settings requires one
         answers = probe_upstream(settings.upstream, wait=settings.engine_ready_wait)
     settings, found = resolve_engine(settings, answers)
+    if template is not None and not engine_setup(settings).profile.parses_tool_calls:
+        settings = follow_template(settings, template.text)
+    return settings, found
+
+
+def _run_proxy(args: argparse.Namespace) -> int:
+    settings = load_proxy_settings(args)
+    _setup_logging(settings)
+    settings, found = resolve_proxy_settings(settings)
     app = create_app(settings)
     for line in proxy_banner(settings, found).splitlines():  # one record a line: JSON logs stay one object a line
         logging.getLogger("toolpair").info("%s", line)
@@ -531,6 +568,7 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
         f"toolpair {__version__} in front of {upstream}, listening on {base}",
         f"  engine:         {settings.engine_kind.value} ({how})",
         f"  changes:        {adapted}",
+        *_tool_call_lines(settings),
         "  /v1/messages:   "
         + _mode_text(modes["/v1/messages"])
         + "   /v1/responses: "
@@ -542,6 +580,15 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
         f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
     ]
     return "\n".join(lines)
+
+
+def _tool_call_lines(settings: Settings) -> list[str]:
+    """The banner's line on how tool calls are read out of the engine's text, where they are."""
+    if engine_setup(settings).profile.parses_tool_calls or settings.tool_call_format == "none":
+        return []
+    source = f"from {settings.chat_template}" if settings.chat_template else "no --chat-template-file"
+    think = "; the prompt opens <think>" if settings.think_in_prompt else ""
+    return [f"  tool calls:     {settings.tool_call_format} ({source}){think}"]
 
 
 def _mode_text(mode: ApiMode) -> str:
@@ -671,6 +718,8 @@ def _run_check_template(args: argparse.Namespace) -> int:
     if verdict.detail:
         print(f"  the template says: {verdict.detail}")
     print(_wrapped(meaning(verdict.pairing)))
+    logging.getLogger("toolpair.toolcalls").setLevel(logging.ERROR)  # the line below says how the calls fared
+    print(read_back(source, renderer).line())
     return verdict.exit_status
 
 

@@ -79,10 +79,8 @@ from engine_launcher.template_file import template_file_parts
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ConfigError, Settings
-from proxy.engine.call_ids import ANY, template_call_id_form
-from proxy.engine.plan import engine_setup
+from proxy.engine.plan import engine_setup, follow_template
 from proxy.engine.queueing import EnginePool, PoolEngine
-from proxy.engine.toolcalls import DEFAULT_REASONING_MARKERS, detect_tool_call_format, template_reasoning
 from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import EngineUnavailableError
 from proxy.http.probes import READINESS
@@ -446,21 +444,10 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
     Only ``auto`` or unset values are filled in; explicit settings win.
     """
     changes: dict[str, object] = {"engine_kind": "llama-cpp-python", "engine_logprobs": plan.launch.logits_all}
-    text = plan.template_text or ""
-    if settings.tool_call_format == "auto" and text:
-        detected = detect_tool_call_format(text)
-        changes["tool_call_format"] = "auto" if detected == "none" else detected
-    reasoning = template_reasoning(text) if text else None
-    if not settings.think_in_prompt and reasoning is not None:
-        changes["think_in_prompt"] = reasoning.opens_in_prompt
-    if reasoning is not None and settings.reasoning_markers == list(DEFAULT_REASONING_MARKERS):
-        changes["reasoning_markers"] = [reasoning.open, reasoning.close]
-    if settings.tool_call_ids == ANY and text:
-        changes["tool_call_ids"] = template_call_id_form(text)
     if settings.count_tokens_template is None and plan.launch.chat_template is not None:
         # count_tokens renders with the very template the engine uses, so its count is exact.
         changes["count_tokens_template"] = str(plan.launch.chat_template)
-    return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+    return follow_template(dataclasses.replace(settings, **changes), plan.template_text or "")  # type: ignore[arg-type]
 
 
 def _local(host: str) -> str:

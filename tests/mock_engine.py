@@ -80,6 +80,30 @@ async def stream_words(request: web.Request, words: list[str], delay: float = 0.
     return response
 
 
+def answers(text: str, piece: int = 7, finish: str = "stop", usage: Any = None) -> Handler:
+    """Answer a stream or a plain request with ``text`` as the model wrote it, as llama-cpp-python does
+    (which leaves tool calls and reasoning in the text), streamed ``piece`` characters a chunk."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        if not received.json().get("stream"):
+            reply = completion(text)
+            reply["choices"][0]["finish_reason"] = finish
+            return web.json_response(reply, dumps=lambda v: orjson.dumps(v).decode())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(chunk({"role": "assistant"}))
+        for i in range(0, len(text), piece):
+            await response.write(chunk({"content": text[i : i + piece]}))
+        await response.write(chunk({}, finish))
+        if usage is not None:
+            await response.write(b"data: " + orjson.dumps({"id": "u", "choices": [], "usage": usage}) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    return handler
+
+
 class MockEngine:
     """Records requests; answers from a script of handlers, then from defaults."""
 

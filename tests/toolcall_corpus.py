@@ -192,8 +192,12 @@ CASES: list[Case] = [
          calls=[("get_time", {})]),
     Case("auto-python-tag", '<|python_tag|>{"name": "get_time", "parameters": {}}',
          {"calls": "auto", "tools": TOOLS}, calls=[("get_time", {})]),
-    Case("auto-no-bare-json", '{"name": "get_time", "parameters": {}}', {"calls": "auto", "tools": TOOLS},
-         content='{"name": "get_time", "parameters": {}}'),
+    # Llama 3.x's bare call (llama-cpp-python drops <|python_tag|>): auto reads it when tools were sent
+    Case("auto-bare-json", '{"name": "get_time", "parameters": {}}', {"calls": "auto", "tools": TOOLS},
+         calls=[("get_time", {})]),
+    Case("auto-bare-json-unknown-tool", '{"name": "rm_rf", "parameters": {}}', {"calls": "auto", "tools": TOOLS},
+         content='{"name": "rm_rf", "parameters": {}}'),
+    Case("auto-bare-json-answer", '{"city": "Paris"}', {"calls": "auto", "tools": TOOLS}, content='{"city": "Paris"}'),
     # reasoning
     Case("think", "<think>Paris is in France.</think>The answer is Paris.", {"reasoning": True},
          reasoning="Paris is in France.", content="The answer is Paris."),

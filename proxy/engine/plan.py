@@ -10,16 +10,23 @@ ordering moved nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
-from proxy.engine.call_ids import CALL_ID_FORMS
+from proxy.engine.call_ids import ANY, CALL_ID_FORMS, template_call_id_form
 from proxy.engine.kinds import EngineKind, EngineProfile, engine_profile
-from proxy.engine.toolcalls import FORMATS, ExtractOptions
+from proxy.engine.toolcalls import (
+    DEFAULT_REASONING_MARKERS,
+    FORMATS,
+    ExtractOptions,
+    detect_tool_call_format,
+    template_reasoning,
+)
 
-__all__ = ["GENERIC", "EngineSetup", "ReplyPlan", "engine_setup", "reply_plan"]
+__all__ = ["GENERIC", "EngineSetup", "ReplyPlan", "engine_setup", "follow_template", "reply_plan"]
 
 TOOL_CALL_FORMATS = (*FORMATS, "none")
 
@@ -70,6 +77,34 @@ def engine_setup(settings: Settings) -> EngineSetup:
     return EngineSetup(
         profile, settings.tool_call_format, settings.reasoning, settings.think_in_prompt, (markers[0], markers[1])
     )
+
+
+def follow_template(settings: Settings, template: str) -> Settings:
+    """``settings`` with what the model's chat template teaches: call format, reasoning, call IDs.
+
+    Only ``auto`` or unset values are filled in; explicit settings win. A template whose format is
+    not known keeps ``auto``, which reads every marked form. ``toolpair serve`` passes the template
+    it hands its engine, ``toolpair proxy`` the one its ``--chat-template-file`` names.
+
+    >>> follow_template(Settings(), '{{ "<tool_call>" }}').tool_call_format
+    'hermes'
+    >>> follow_template(Settings(tool_call_format="none"), '{{ "<tool_call>" }}').tool_call_format
+    'none'
+    """
+    if not template:
+        return settings
+    changes: dict[str, Any] = {}
+    if settings.tool_call_format == "auto":
+        detected = detect_tool_call_format(template)
+        changes["tool_call_format"] = "auto" if detected == "none" else detected
+    reasoning = template_reasoning(template)  # rendered as the engine renders it
+    if not settings.think_in_prompt and reasoning is not None:
+        changes["think_in_prompt"] = reasoning.opens_in_prompt
+    if reasoning is not None and settings.reasoning_markers == list(DEFAULT_REASONING_MARKERS):
+        changes["reasoning_markers"] = [reasoning.open, reasoning.close]
+    if settings.tool_call_ids == ANY:
+        changes["tool_call_ids"] = template_call_id_form(template)
+    return dataclasses.replace(settings, **changes)
 
 
 GENERIC = engine_setup(Settings())

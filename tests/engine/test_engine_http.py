@@ -24,7 +24,7 @@ from proxy.engine.client import EngineCall
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
 from tests.conftest import Stack, start_app
-from tests.mock_engine import MockEngine, Received, chunk, completion
+from tests.mock_engine import MockEngine, Received, answers, chunk, completion
 
 pytestmark = pytest.mark.asyncio
 
@@ -47,29 +47,6 @@ WEATHER = {"Paris": "18C sun", "Oslo": "-3C snow"}
 
 def dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
-
-
-def answers(text: str, piece: int = 7, finish: str = "stop", usage: Any = None) -> Handler:
-    """The engine's reply to either a stream or a plain request: ``text`` as the model wrote it."""
-
-    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        if not received.json().get("stream"):
-            reply = completion(text)
-            reply["choices"][0]["finish_reason"] = finish
-            return web.json_response(reply, dumps=dumps)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"role": "assistant"}))
-        for i in range(0, len(text), piece):
-            await response.write(chunk({"content": text[i : i + piece]}))
-        await response.write(chunk({}, finish))
-        if usage is not None:
-            await response.write(b"data: " + orjson.dumps({"id": "u", "choices": [], "usage": usage}) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    return handler
 
 
 @pytest.fixture

@@ -11,8 +11,9 @@ What is held back, and only until it is decided:
 - in reasoning, a possible ``</think>``;
 - in content, a possible start marker of a call, and the whitespace just
   before it (a call's surrounding whitespace is not content);
-- with ``mistral`` or ``llama3`` named, a reply that opens with ``[`` or ``{``,
-  until that JSON closes: it may be a call whose marker the engine dropped;
+- with ``mistral`` named, a reply that opens with ``[``, and with ``llama3`` or
+  ``auto``, one that opens with ``{``, until that JSON closes: it may be a call
+  whose marker the engine dropped;
 - once a marker has come, the call's text until the call is complete and
   well formed. Then it goes out as one :class:`ToolCall`; malformed or cut-off
   call text goes out as content, and is counted in ``malformed``.
@@ -57,10 +58,13 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "llama3": (PYTHON_TAG,),
     "auto": (TOOL_CALL_OPEN, TOOL_CALLS, PYTHON_TAG),
 }
-"""Start markers of each format. ``auto`` knows every marked form; forms without
-a marker (a reply that opens with the JSON) need the format named."""
+"""Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
+(:data:`_BARE_OPENERS`); Mistral's bare list needs the format named."""
 
-_BARE_OPENERS = {"mistral": "[", "llama3": "{"}
+_BARE_OPENERS = {"mistral": "[", "llama3": "{", "auto": "{"}
+"""Formats whose call may come with no marker, when tools were sent: the JSON opener it starts with.
+``auto`` reads Llama 3.x's bare ``{"name": …, "parameters": …}`` (llama-cpp-python drops the
+``<|python_tag|>`` before it); only a call of one of the request's tools is taken as one."""
 
 
 class CallParser(Protocol):

