@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
+from proxy.engine.toolcalls._kimi import KIMI_SECTION
+
 __all__ = ["detect_tool_call_format", "template_opens_think"]
 
 _ENDIF = re.compile(r"\{%-?\s*endif")
@@ -24,6 +27,10 @@ def detect_tool_call_format(template: str) -> str:
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
+    if DEEPSEEK_CALLS in template:
+        return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
+    if KIMI_SECTION in template:
+        return "kimi-k2"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
     if "<tool_call>" in template:

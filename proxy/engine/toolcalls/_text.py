@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
 from proxy.engine.toolcalls._events import (
     Content,
     Event,
@@ -35,10 +36,12 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
+from proxy.engine.toolcalls._sectioned import SectionParser
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
@@ -54,7 +57,16 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "qwen3-coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
     "mistral": (TOOL_CALLS,),
     "llama3": (PYTHON_TAG,),
-    "auto": (TOOL_CALL_OPEN, TOOL_CALLS, PYTHON_TAG),
+    "deepseek-v3.1": (DEEPSEEK_CALLS,),
+    "deepseek-r1": (DEEPSEEK_CALLS,),
+    "kimi-k2": (KIMI_SECTION,),
+    "auto": (
+        TOOL_CALL_OPEN,
+        TOOL_CALLS,
+        PYTHON_TAG,
+        DEEPSEEK_CALLS,
+        KIMI_SECTION,
+    ),
 }
 """Start markers of each format. ``auto`` knows every marked form; forms without
 a marker (a reply that opens with the JSON) need the format named."""
@@ -231,6 +243,10 @@ class TextExtractor:
             return MistralParser(self._options.tools.keys())
         if marker == PYTHON_TAG:
             return Llama3Parser(self._options.tools.keys())
+        if marker == DEEPSEEK_CALLS:
+            return SectionParser(DEEPSEEK)
+        if marker == KIMI_SECTION:
+            return SectionParser(KIMI)
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:
