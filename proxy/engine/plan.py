@@ -113,6 +113,7 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
         think_open=setup.think_in_prompt,
         parallel=body.get("parallel_tool_calls") is not False,
         tools=tools,
+        harmony=fmt == "harmony",
     )
     if not options.active and not usage:
         return None

@@ -31,19 +31,20 @@ def template_text(name: str) -> str:
     return (_templates() / f"{name}.jinja").read_text()
 
 
-def rendered_history(name: str) -> str:
-    """The whole prompt for a question and an assistant turn that calls get_weather for Paris and Tokyo."""
-    return render(template_from_file_text(template_text(name), name), conversation((0, 1))[:2])
+def rendered_history(name: str, turns: list[dict[str, Any]] | None = None) -> str:
+    """The whole prompt for a question and ``turns`` (by default one assistant turn with the two calls)."""
+    question, calls = conversation((0, 1))[:2]
+    return render(template_from_file_text(template_text(name), name), [question, *(turns or [calls])])
 
 
-def rendered_reply(name: str, until: str) -> str:
-    """The assistant turn with the two calls as the model writes it: after the generation prompt, before ``until``."""
+def rendered_reply(name: str, until: str, turns: list[dict[str, Any]] | None = None) -> str:
+    """What the model writes for ``turns`` (see :func:`rendered_history`): after the generation prompt, up to the
+    last ``until`` (the end-of-turn token, or the next generation prompt)."""
     source = template_from_file_text(template_text(name), name)
-    question = conversation((0, 1))[:1]
-    prompt = render(source, question)
-    history = rendered_history(name)
+    prompt = render(source, conversation((0, 1))[:1])
+    history = rendered_history(name, turns)
     assert history.startswith(prompt), "the template renders its history unlike its generation prompt"
-    return history[len(prompt) : history.index(until, len(prompt))]
+    return history[len(prompt) : history.rindex(until)]
 
 
 def merged(events: list[Event]) -> list[Event]:

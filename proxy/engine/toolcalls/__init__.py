@@ -2,7 +2,7 @@
 
 Formats (``tool_call_format``): ``hermes`` (also Qwen 2.5 and Qwen 3),
 ``qwen3-coder``, ``mistral``, ``llama3``, ``deepseek-v3.1`` and ``deepseek-r1``,
-``kimi-k2``, or ``auto`` for every marked form.
+``kimi-k2``, ``harmony`` (gpt-oss), or ``auto`` for every marked form.
 The core is :class:`TextExtractor`, a stream transducer over text;
 :class:`ChunkExtractor` applies it to a stream of chunk dicts and
 :func:`extract_completion` to a whole reply.

@@ -27,6 +27,8 @@ def detect_tool_call_format(template: str) -> str:
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
+    if "<|channel|>" in template and "<|message|>" in template:
+        return "harmony"
     if DEEPSEEK_CALLS in template:
         return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
     if KIMI_SECTION in template:
