@@ -2,7 +2,8 @@
 """``toolpair serve`` reading a family's own call format back, through the real engine.
 
 The bundled model cannot write gpt-oss's or DeepSeek's calls by itself, so a GBNF ``grammar`` in
-the request forces it to write exactly the text that family's template renders for two parallel
+the request forces it to write exactly the text that family's template renders (gpt-oss,
+DeepSeek V3.1, Kimi K2) for two parallel
 calls; the family's template is serve's ``--chat-template-file``, so serve detects the format from
 it as it would for the real model. What comes back must be the two calls, with no markup left in
 the content, Chat stream and not. (Anthropic Messages cannot be forced this way: its translation
@@ -21,12 +22,15 @@ import pytest
 from engine_launcher.template_check import TOOL
 from tests.engine.test_toolcalls_deepseek import V31, v31_reply
 from tests.engine.test_toolcalls_harmony import GPT_OSS, gpt_oss_reply
-from tests.support.template_replies import template_text
+from tests.support.template_replies import rendered_reply, template_text
 from tests.test_serve import client, start_serve
 
+KIMI_K2 = "Kimi-K2-Instruct"
 FAMILIES = {
     GPT_OSS: ("<|startoftext|>", "<|return|>", gpt_oss_reply),
     V31: ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", v31_reply),
+    # Kimi-K2-Instruct's template changes its own lists: it renders only in toolpair's sandbox
+    KIMI_K2: ("[BOS]", "<|im_end|>", lambda: rendered_reply(KIMI_K2, "<|im_end|>")),
 }
 CITIES = [{"city": "Paris"}, {"city": "Tokyo"}]
 QUESTION = [{"role": "user", "content": "What is the temperature in Paris and Tokyo?"}]
