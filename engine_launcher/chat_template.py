@@ -18,7 +18,9 @@ engine's own formatter. Pure: text in, text out.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -26,11 +28,57 @@ from typing import Any
 from jinja2 import Template, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
 
-__all__ = ["compiled", "render_prompt"]
+__all__ = ["TemplateSandbox", "compiled", "render_prompt", "template_inputs"]
+
+_LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort"})
+_given_lists: ContextVar[frozenset[int] | None] = ContextVar("given_lists", default=None)
+
+
+def _lists_in(value: Any, found: set[int]) -> None:
+    if isinstance(value, list | tuple):
+        if isinstance(value, list):
+            found.add(id(value))
+        for item in value:
+            _lists_in(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _lists_in(item, found)
+
+
+@contextmanager
+def template_inputs(*values: Any) -> Iterator[None]:
+    """While rendering with ``values`` (messages, tools, ...), their lists are the caller's: no template changes them.
+
+    Outside such a block :class:`TemplateSandbox` lets no list change, as jinja2's immutable sandbox.
+    """
+    found: set[int] = set()
+    for value in values:
+        _lists_in(value, found)
+    token = _given_lists.set(frozenset(found))
+    try:
+        yield
+    finally:
+        _given_lists.reset(token)
+
+
+class TemplateSandbox(ImmutableSandboxedEnvironment):
+    """jinja2's immutable sandbox, but a template may use list methods on the lists it builds itself.
+
+    Kimi K2's template keeps a queue (``ids.append(...)``), which the immutable sandbox refuses, so
+    the model could not be served at all; llama-server's Jinja engine allows it. Lists the caller
+    handed in (see :func:`template_inputs`) stay unchangeable, and every attribute jinja2's sandbox
+    calls unsafe (``__class__``, ``func_globals``, ...) stays refused.
+    """
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        given = _given_lists.get()
+        if type(obj) is list and attr in _LIST_METHODS and given is not None and id(obj) not in given:
+            return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
 
 
 def _raise_exception(message: str) -> None:
@@ -71,9 +119,7 @@ def compiled(text: str) -> Template:
 
     Raises jinja2's ``TemplateSyntaxError`` for a template that does not compile.
     """
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation]
-    )
+    environment = TemplateSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
     environment.filters["tojson"] = _tojson
     return environment.from_string(text)
 
@@ -106,21 +152,22 @@ def render_prompt(
     template = compiled(text)
 
     def render(messages: Sequence[Any]) -> str:
-        return template.render(
-            {
-                **(variables or {}),
-                "messages": messages,
-                "eos_token": eos_token,
-                "bos_token": bos_token,
-                "raise_exception": _raise_exception,
-                "add_generation_prompt": add_generation_prompt,
-                "functions": None,
-                "function_call": None,
-                "tools": tools,
-                "tool_choice": tool_choice,
-                "strftime_now": strftime_now,
-            }
-        )
+        with template_inputs(messages, tools, tool_choice):
+            return template.render(
+                {
+                    **(variables or {}),
+                    "messages": messages,
+                    "eos_token": eos_token,
+                    "bos_token": bos_token,
+                    "raise_exception": _raise_exception,
+                    "add_generation_prompt": add_generation_prompt,
+                    "functions": None,
+                    "function_call": None,
+                    "tools": tools,
+                    "tool_choice": tool_choice,
+                    "strftime_now": strftime_now,
+                }
+            )
 
     if as_transformers:
         return render(with_object_arguments(messages, printable=False))

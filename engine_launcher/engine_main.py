@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine_launcher.backends import truthy
+from engine_launcher.chat_template import TemplateSandbox, template_inputs
 from engine_launcher.template_file import template_file_parts
 from engine_launcher.tool_call_arguments import render_with_object_arguments
 
@@ -92,15 +93,19 @@ def render_chat_templates_as_models_expect() -> None:
     A model's own template (``Jinja2ChatFormatter``) gets tool-call arguments as objects. A template
     file (``--chat_format hf-tokenizer-config``: ``serve --chat-template-file`` and the bundled
     model's ChatML) is rendered by that same formatter, with a generation prompt, instead of plain
-    jinja2 with an empty assistant message appended.
+    jinja2 with an empty assistant message appended. Both run in :class:`~.chat_template.TemplateSandbox`.
     """
     chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
     if getattr(chat_format, "_toolpair_templates", False):
         return
     format_prompt = chat_format.Jinja2ChatFormatter.__call__
 
+    def format_in(self: Any, messages: Any, kwargs: dict[str, Any]) -> Any:
+        with template_inputs(messages, kwargs):
+            return format_prompt(self, messages=messages, **kwargs)
+
     def format_with_object_arguments(self: Any, *, messages: Any, **kwargs: Any) -> Any:
-        return render_with_object_arguments(lambda m: format_prompt(self, messages=m, **kwargs), messages)
+        return render_with_object_arguments(lambda m: format_in(self, m, kwargs), messages)
 
     def template_file_formatter(config: Any, add_generation_prompt: bool = True) -> Any:
         template, bos_token, eos_token = template_file_parts(config)
@@ -119,6 +124,7 @@ def render_chat_templates_as_models_expect() -> None:
         return format_without_empty_stop
 
     chat_format.Jinja2ChatFormatter.__call__ = format_with_object_arguments
+    chat_format.ImmutableSandboxedEnvironment = TemplateSandbox  # Kimi K2's list.append, on its own lists
     chat_format.hf_tokenizer_config_to_chat_formatter = template_file_formatter
     chat_format._toolpair_templates = True
 

@@ -70,6 +70,7 @@ def engine_chat_format(monkeypatch: pytest.MonkeyPatch) -> Any:
     """
     chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
     monkeypatch.setattr(chat_format.Jinja2ChatFormatter, "__call__", chat_format.Jinja2ChatFormatter.__call__)
+    monkeypatch.setattr(chat_format, "ImmutableSandboxedEnvironment", chat_format.ImmutableSandboxedEnvironment)
     original = chat_format.hf_tokenizer_config_to_chat_formatter
     monkeypatch.setattr(chat_format, "hf_tokenizer_config_to_chat_formatter", original)
     monkeypatch.setattr(chat_format, "_toolpair_templates", False, raising=False)

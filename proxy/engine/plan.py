@@ -161,6 +161,7 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
         think_markers=setup.think_markers,
         parallel=body.get("parallel_tool_calls") is not False,
         tools=tools,
+        harmony=fmt == "harmony",
     )
     if not options.active and not usage:
         return None

@@ -1,7 +1,8 @@
 """Tool calls and reasoning lifted out of raw model text, for engines that leave them there.
 
 Formats (``tool_call_format``): ``hermes`` (also Qwen 2.5 and Qwen 3),
-``qwen3-coder``, ``mistral``, ``llama3``, or ``auto`` for every marked form.
+``qwen3-coder``, ``mistral``, ``llama3``, ``deepseek-v3.1`` and ``deepseek-r1``,
+``kimi-k2``, ``harmony`` (gpt-oss), or ``auto`` for every marked form.
 The core is :class:`TextExtractor`, a stream transducer over text;
 :class:`ChunkExtractor` applies it to a stream of chunk dicts and
 :func:`extract_completion` to a whole reply.

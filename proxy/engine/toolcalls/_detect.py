@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
+from proxy.engine.toolcalls._kimi import KIMI_SECTION
 from proxy.engine.toolcalls._reasoning import template_reasoning
 
 __all__ = ["detect_tool_call_format", "template_opens_think"]
@@ -28,6 +30,12 @@ def detect_tool_call_format(template: str) -> str:
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
+    if "<|channel|>" in template and "<|message|>" in template:
+        return "harmony"
+    if DEEPSEEK_CALLS in template:
+        return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
+    if KIMI_SECTION in template:
+        return "kimi-k2"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
     if "<tool_call>" in template:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
 from proxy.engine.toolcalls._events import (
     Content,
     Event,
@@ -36,10 +37,13 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
+from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
+from proxy.engine.toolcalls._sectioned import SectionParser
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
@@ -56,10 +60,22 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "qwen3-coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
     "mistral": (TOOL_CALLS,),
     "llama3": (PYTHON_TAG,),
-    "auto": (TOOL_CALL_OPEN, TOOL_CALLS, PYTHON_TAG),
+    "deepseek-v3.1": (DEEPSEEK_CALLS,),
+    "deepseek-r1": (DEEPSEEK_CALLS,),
+    "kimi-k2": (KIMI_SECTION,),
+    "harmony": (),
+    "auto": (
+        TOOL_CALL_OPEN,
+        TOOL_CALLS,
+        PYTHON_TAG,
+        DEEPSEEK_CALLS,
+        KIMI_SECTION,
+    ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
-(:data:`_BARE_OPENERS`); Mistral's bare list needs the format named."""
+(:data:`_BARE_OPENERS`); Mistral's bare list needs the format named. ``harmony``
+(gpt-oss) is messages on channels, not calls in text: :class:`HarmonyReader`
+reads the whole reply, when named or when an ``auto`` reply opens as harmony does."""
 
 _BARE_OPENERS = {"mistral": "[", "llama3": "{", "auto": "{"}
 """Formats whose call may come with no marker, when tools were sent: the JSON opener it starts with.
@@ -91,10 +107,12 @@ class ExtractOptions:
     """False keeps only the first call (``parallel_tool_calls: false``)."""
     tools: Mapping[str, Any] = field(default_factory=dict)
     """The request's function tools: name -> parameters schema."""
+    harmony: bool = False
+    """The model writes harmony (gpt-oss): its channels say what is reasoning, with tools or without."""
 
     @property
     def active(self) -> bool:
-        return self.calls is not None or self.reasoning
+        return self.calls is not None or self.reasoning or self.harmony
 
 
 class TextExtractor:
@@ -119,6 +137,13 @@ class TextExtractor:
         self._think_open, self._think_close = options.think_markers
         self._buffer = ""
         self._trim = options.reasoning and options.think_open  # drop whitespace that opens a section
+        self._harmony: HarmonyReader | None = None
+        self._opening = self._phase  # the phase an auto reply that is not harmony starts in
+        if options.harmony or options.calls == "harmony":
+            self._phase = "harmony"
+            self._harmony = HarmonyReader(options.tools if options.calls else None)
+        elif options.calls == "auto":
+            self._phase = "sniff"
         self._at_start = True
         self._parser: CallParser | None = None
         self._marker = ""  # the marker (and whitespace before it) of the block being read
@@ -145,6 +170,10 @@ class TextExtractor:
 
     def _advance(self, out: list[Event], final: bool) -> bool:
         """One step of the state machine; True when it should run again."""
+        if self._phase == "harmony":
+            return self._harmony_step(out, final)
+        if self._phase == "sniff":
+            return self._sniff(final)
         if self._phase == "start":
             return self._start(final)
         if self._phase == "reasoning":
@@ -163,6 +192,31 @@ class TextExtractor:
             return False
         self._phase = "content"
         return True
+
+    def _sniff(self, final: bool) -> bool:
+        """With ``auto``: does the reply open as harmony does? Held only while it still may."""
+        stripped = self._buffer.lstrip()
+        if any(stripped.startswith(o.lstrip()) for o in HARMONY_OPENERS):
+            self._phase, self._harmony = "harmony", HarmonyReader(self._options.tools)
+            return True
+        if not final and any(o.lstrip().startswith(stripped) for o in HARMONY_OPENERS):
+            return False
+        self._phase = self._opening
+        return True
+
+    def _harmony_step(self, out: list[Event], final: bool) -> bool:
+        assert self._harmony is not None
+        events = self._harmony.feed(self._buffer)
+        self._buffer = ""
+        if final:
+            events += self._harmony.finish()
+        for event in events:
+            if isinstance(event, ParsedCall):
+                self._emit(event, out)
+            else:
+                out.append(event)
+        self.malformed = self._harmony.malformed
+        return False
 
     def _trimmed(self) -> bool:
         """Drop whitespace at the start of a section; False while there is nothing else yet."""
@@ -239,6 +293,10 @@ class TextExtractor:
             return MistralParser(self._options.tools.keys())
         if marker == PYTHON_TAG:
             return Llama3Parser(self._options.tools.keys())
+        if marker == DEEPSEEK_CALLS:
+            return SectionParser(DEEPSEEK)
+        if marker == KIMI_SECTION:
+            return SectionParser(KIMI)
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:
