@@ -1,7 +1,8 @@
 """Tool calls and reasoning lifted out of raw model text, for engines that leave them there.
 
 Formats (``tool_call_format``): ``hermes`` (also Qwen 2.5 and Qwen 3),
-``qwen3-coder``, ``mistral``, ``llama3``, or ``auto`` for every marked form.
+``qwen3-coder``, ``mistral``, ``llama3``, ``glm`` (also Ling, Spark, Laguna),
+or ``auto`` for every marked form.
 The core is :class:`TextExtractor`, a stream transducer over text;
 :class:`ChunkExtractor` applies it to a stream of chunk dicts and
 :func:`extract_completion` to a whole reply.
@@ -10,8 +11,8 @@ The core is :class:`TextExtractor`, a stream transducer over text;
 from proxy.engine.toolcalls._chunks import ChunkExtractor, Note, extract_completion
 from proxy.engine.toolcalls._detect import detect_tool_call_format, template_opens_think
 from proxy.engine.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
-from proxy.engine.toolcalls._qwen3coder import convert_value
 from proxy.engine.toolcalls._text import FORMATS, ExtractOptions, TextExtractor
+from proxy.engine.toolcalls._typed import convert_value
 
 __all__ = [
     "FORMATS",

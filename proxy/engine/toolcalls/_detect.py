@@ -21,11 +21,15 @@ def detect_tool_call_format(template: str) -> str:
     'hermes'
     >>> detect_tool_call_format("<tool_call>\\n<function=NAME>\\n<parameter=P>")
     'qwen3-coder'
+    >>> detect_tool_call_format("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>")
+    'glm'
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
+    if "<arg_key>" in template and "<arg_value>" in template:
+        return "glm"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

@@ -54,6 +54,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "qwen3-coder": (TOOL_CALL_OPEN, FUNCTION_OPEN),
     "mistral": (TOOL_CALLS,),
     "llama3": (PYTHON_TAG,),
+    "glm": (TOOL_CALL_OPEN,),
     "auto": (TOOL_CALL_OPEN, TOOL_CALLS, PYTHON_TAG),
 }
 """Start markers of each format. ``auto`` knows every marked form; forms without
