@@ -46,8 +46,8 @@ def template_text(name: str) -> str:
     return (Path(survey.fetch_templates()) / f"{name}.jinja").read_text()
 
 
-def rendered_reply(name: str, end: str, arguments: list[dict[str, Any]] = ARGUMENTS) -> str:
-    """The assistant turn as template ``name`` renders it: the content, then the calls up to the last ``end``."""
+def rendered_reply(name: str, end: str, start: str = CONTENT, arguments: list[dict[str, Any]] = ARGUMENTS) -> str:
+    """The assistant turn as template ``name`` renders it: from the last ``start`` (the content) to the last ``end``."""
     calls = [
         {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(a)}}
         for i, a in enumerate(arguments)
@@ -59,8 +59,7 @@ def rendered_reply(name: str, end: str, arguments: list[dict[str, Any]] = ARGUME
     text = render_prompt(
         template_text(name), messages, bos_token="<s>", eos_token="</s>", tools=OPENAI_TOOLS, as_transformers=True
     )
-    start = text.rindex(CONTENT)
-    return text[start : text.rindex(end) + len(end)]
+    return text[text.rindex(start) : text.rindex(end) + len(end)]
 
 
 def extract(text: str, options: ExtractOptions, pieces: list[str] | None = None) -> tuple[list[Event], TextExtractor]:
@@ -89,3 +88,23 @@ def assert_every_split_agrees(text: str, options: ExtractOptions) -> None:
     one_by_one, by_char = extract(text, options, list(text))
     assert one_by_one == whole
     assert by_char.malformed == extractor.malformed
+
+
+def assert_read_back(text: str, options: ExtractOptions, content: str = CONTENT) -> None:
+    """The rendered reply gives its content, the two calls typed, fresh IDs, nothing malformed, on any split."""
+    events, extractor = extract(text, options)
+    assert content_of(events) == content
+    assert calls_of(events) == CALLS
+    assert len({e.id for e in events if isinstance(e, ToolCall)}) == 2
+    assert extractor.malformed == 0
+    assert_every_split_agrees(text, options)
+
+
+def assert_stays_content(text: str, options: ExtractOptions, calls: int = 0) -> None:
+    """``text`` keeps its first ``calls`` calls; all else is content, and one block counts as malformed."""
+    events, extractor = extract(text, options)
+    assert calls_of(events) == CALLS[:calls]
+    assert extractor.malformed == 1
+    if not calls:
+        assert content_of(events) == text.strip()
+    assert_every_split_agrees(text, options)

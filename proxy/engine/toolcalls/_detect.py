@@ -30,6 +30,10 @@ def detect_tool_call_format(template: str) -> str:
         return "qwen3-coder"
     if "<arg_key>" in template and "<arg_value>" in template:
         return "glm"
+    if "<minimax:tool_call>" in template:
+        return "minimax-m2"
+    if "<tool_calls>" in template:
+        return "apriel" if "<tool_calls>[" in template else "minimax-m1"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

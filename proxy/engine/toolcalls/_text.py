@@ -35,7 +35,9 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
+from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
@@ -55,7 +57,16 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "mistral": (TOOL_CALLS,),
     "llama3": (PYTHON_TAG,),
     "glm": (TOOL_CALL_OPEN,),
-    "auto": (TOOL_CALL_OPEN, TOOL_CALLS, PYTHON_TAG),
+    "minimax-m2": (MINIMAX_M2_OPEN,),
+    "minimax-m1": (MINIMAX_M1_OPEN,),
+    "apriel": (MINIMAX_M1_OPEN,),
+    "auto": (
+        TOOL_CALL_OPEN,
+        TOOL_CALLS,
+        PYTHON_TAG,
+        MINIMAX_M2_OPEN,
+        MINIMAX_M1_OPEN,
+    ),
 }
 """Start markers of each format. ``auto`` knows every marked form; forms without
 a marker (a reply that opens with the JSON) need the format named."""
@@ -232,6 +243,10 @@ class TextExtractor:
             return MistralParser(self._options.tools.keys())
         if marker == PYTHON_TAG:
             return Llama3Parser(self._options.tools.keys())
+        if marker == MINIMAX_M2_OPEN:
+            return InvokeParser(MINIMAX_M2, self._options.tools)
+        if marker == MINIMAX_M1_OPEN:
+            return MiniMaxM1Parser()
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:
