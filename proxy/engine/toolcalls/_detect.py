@@ -34,6 +34,8 @@ def detect_tool_call_format(template: str) -> str:
         return "minimax-m2"
     if "<tool_calls>" in template:
         return "apriel" if "<tool_calls>[" in template else "minimax-m1"
+    if "｜DSML｜" in template:  # noqa: RUF001  (DeepSeek spells DSML with fullwidth bars)
+        return "dsml"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

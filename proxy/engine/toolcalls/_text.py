@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.engine.toolcalls._dsml import DSML, DSML_OPENERS
 from proxy.engine.toolcalls._events import (
     Content,
     Event,
@@ -60,12 +61,14 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "minimax-m2": (MINIMAX_M2_OPEN,),
     "minimax-m1": (MINIMAX_M1_OPEN,),
     "apriel": (MINIMAX_M1_OPEN,),
+    "dsml": DSML_OPENERS,
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
         PYTHON_TAG,
         MINIMAX_M2_OPEN,
         MINIMAX_M1_OPEN,
+        *DSML_OPENERS,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form; forms without
@@ -245,6 +248,8 @@ class TextExtractor:
             return Llama3Parser(self._options.tools.keys())
         if marker == MINIMAX_M2_OPEN:
             return InvokeParser(MINIMAX_M2, self._options.tools)
+        if marker in DSML_OPENERS:
+            return InvokeParser(DSML, self._options.tools)
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
