@@ -47,7 +47,7 @@ def template_text(name: str) -> str:
 
 
 def rendered_reply(name: str, end: str, start: str = CONTENT, arguments: list[dict[str, Any]] = ARGUMENTS) -> str:
-    """The assistant turn as template ``name`` renders it: from the last ``start`` (the content) to the last ``end``."""
+    """The assistant turn as template ``name`` renders it: from ``start`` (the content) to the last ``end``."""
     calls = [
         {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(a)}}
         for i, a in enumerate(arguments)
@@ -59,7 +59,8 @@ def rendered_reply(name: str, end: str, start: str = CONTENT, arguments: list[di
     text = render_prompt(
         template_text(name), messages, bos_token="<s>", eos_token="</s>", tools=OPENAI_TOOLS, as_transformers=True
     )
-    return text[text.rindex(start) : text.rindex(end) + len(end)]
+    last = text.rindex(end)
+    return text[text.rindex(start, 0, last) : last + len(end)]
 
 
 def extract(text: str, options: ExtractOptions, pieces: list[str] | None = None) -> tuple[list[Event], TextExtractor]:

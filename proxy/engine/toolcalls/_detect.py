@@ -30,6 +30,8 @@ def detect_tool_call_format(template: str) -> str:
         return "qwen3-coder"
     if "<arg_key>" in template and "<arg_value>" in template:
         return "glm"
+    if "<|tool_call>" in template and "<tool_call|>" in template:
+        return "gemma4"
     if "<minimax:tool_call>" in template:
         return "minimax-m2"
     if "<tool_calls>" in template:

@@ -36,6 +36,7 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
@@ -62,6 +63,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "minimax-m1": (MINIMAX_M1_OPEN,),
     "apriel": (MINIMAX_M1_OPEN,),
     "dsml": DSML_OPENERS,
+    "gemma4": (GEMMA4_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -69,6 +71,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         MINIMAX_M2_OPEN,
         MINIMAX_M1_OPEN,
         *DSML_OPENERS,
+        GEMMA4_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form; forms without
@@ -250,6 +253,8 @@ class TextExtractor:
             return InvokeParser(MINIMAX_M2, self._options.tools)
         if marker in DSML_OPENERS:
             return InvokeParser(DSML, self._options.tools)
+        if marker == GEMMA4_OPEN:
+            return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
