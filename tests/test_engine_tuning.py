@@ -169,7 +169,11 @@ OTHER = [{"role": "user", "content": "Name a colour."}]
 async def first_token_time(api: AsyncOpenAI, messages: list[dict[str, Any]]) -> tuple[float, str]:
     started = time.monotonic()
     stream = await api.chat.completions.create(
-        model="any", messages=messages, max_tokens=6, temperature=0, stream=True  # type: ignore[arg-type]
+        model="any",
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
     )
     first, text = None, ""
     async for chunk in stream:

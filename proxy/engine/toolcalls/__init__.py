@@ -2,7 +2,9 @@
 
 Formats (``tool_call_format``): ``hermes`` (also Qwen 2.5 and Qwen 3),
 ``qwen3-coder``, ``mistral``, ``llama3``, ``deepseek-v3.1`` and ``deepseek-r1``,
-``kimi-k2``, ``harmony`` (gpt-oss), or ``auto`` for every marked form.
+``dsml`` (DeepSeek V3.2 and V4), ``kimi-k2``, ``harmony`` (gpt-oss), ``glm``
+(also Ling, Spark, Laguna), ``minimax-m1``, ``minimax-m2``, ``gemma4``, or
+``auto`` for every marked form.
 The core is :class:`TextExtractor`, a stream transducer over text;
 :class:`ChunkExtractor` applies it to a stream of chunk dicts and
 :func:`extract_completion` to a whole reply.
@@ -11,9 +13,9 @@ The core is :class:`TextExtractor`, a stream transducer over text;
 from proxy.engine.toolcalls._chunks import ChunkExtractor, Note, extract_completion
 from proxy.engine.toolcalls._detect import detect_tool_call_format, template_opens_think
 from proxy.engine.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
-from proxy.engine.toolcalls._qwen3coder import convert_value
 from proxy.engine.toolcalls._reasoning import ReasoningForm, template_reasoning
 from proxy.engine.toolcalls._text import DEFAULT_REASONING_MARKERS, FORMATS, ExtractOptions, TextExtractor
+from proxy.engine.toolcalls._typed import convert_value
 
 __all__ = [
     "DEFAULT_REASONING_MARKERS",

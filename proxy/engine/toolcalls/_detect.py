@@ -27,6 +27,8 @@ def detect_tool_call_format(template: str) -> str:
     'hermes'
     >>> detect_tool_call_format("<tool_call>\\n<function=NAME>\\n<parameter=P>")
     'qwen3-coder'
+    >>> detect_tool_call_format("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>")
+    'glm'
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
@@ -38,6 +40,16 @@ def detect_tool_call_format(template: str) -> str:
         return "kimi-k2"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
+    if "<arg_key>" in template and "<arg_value>" in template:
+        return "glm"
+    if "<|tool_call>" in template and "<tool_call|>" in template:
+        return "gemma4"
+    if "<minimax:tool_call>" in template:
+        return "minimax-m2"
+    if "<tool_calls>" in template:
+        return "apriel" if "<tool_calls>[" in template else "minimax-m1"
+    if "｜DSML｜" in template:  # noqa: RUF001  (DeepSeek spells DSML with fullwidth bars)
+        return "dsml"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

@@ -1,4 +1,4 @@
-"""Qwen3-Coder XML calls, with parameter values converted to the tool's JSON-schema types.
+"""Qwen3-Coder XML calls, with parameter values typed by the tool's JSON schema (:mod:`._typed`).
 
 ::
 
@@ -20,16 +20,15 @@ missing ``</parameter>`` is tolerated (the next ``<parameter=`` or
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.engine.toolcalls._calls import dump_arguments
 from proxy.engine.toolcalls._events import ParsedCall
-from proxy.engine.toolcalls._scan import loads_strict, skip_space
+from proxy.engine.toolcalls._scan import skip_space
+from proxy.engine.toolcalls._typed import typed_arguments
 
-__all__ = ["FUNCTION_OPEN", "FunctionReader", "convert_value"]
+__all__ = ["FUNCTION_OPEN", "FunctionReader"]
 
 FUNCTION_OPEN = "<function="
 _FUNCTION_CLOSE = "</function>"
@@ -38,74 +37,6 @@ _PARAMETER_CLOSE = "</parameter>"
 _VALUE_ENDS = (_PARAMETER_CLOSE, _PARAMETER_OPEN, _FUNCTION_CLOSE)
 _NAME = re.compile(r"[^\s<>]+")
 _LONGEST_NAME = 256
-
-
-def _schema_types(schema: Any) -> list[str]:
-    if not isinstance(schema, dict):
-        return []
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return [kind]
-    if isinstance(kind, list):
-        return [k for k in kind if isinstance(k, str)]
-    types: list[str] = []
-    for key in ("anyOf", "oneOf"):
-        for option in schema.get(key) or ():
-            types.extend(t for t in _schema_types(option) if t not in types)
-    if not types and isinstance(schema.get("enum"), list):
-        types = sorted({_JSON_TYPE.get(type(v), "string") for v in schema["enum"]})
-    return types
-
-
-_JSON_TYPE: dict[type, str] = {bool: "boolean", int: "integer", float: "number", dict: "object", list: "array"}
-
-
-def _as_type(value: str, kind: str) -> tuple[bool, Any]:
-    text = value.strip()
-    if kind in ("integer", "number", "object", "array"):
-        try:
-            parsed = loads_strict(text)
-        except ValueError:
-            if kind not in ("object", "array"):
-                return False, None
-            try:  # Python-style literals ({'a': True}) that models sometimes write
-                parsed = ast.literal_eval(text)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                return False, None
-        if kind == "integer" and isinstance(parsed, float) and parsed.is_integer() and "." not in text:
-            parsed = int(parsed)
-        wanted = {"integer": (int,), "number": (int, float), "object": (dict,), "array": (list,)}[kind]
-        ok = isinstance(parsed, wanted) and not isinstance(parsed, bool)
-        return ok, parsed
-    if kind == "boolean" and text.lower() in ("true", "false"):
-        return True, text.lower() == "true"
-    if kind == "null" and text.lower() in ("null", "none"):
-        return True, None
-    return False, None
-
-
-def convert_value(value: str, schema: Any) -> Any:
-    """A parameter's text as the type its schema names; text stays text when nothing fits.
-
-    >>> convert_value("3", {"type": "integer"}), convert_value("3", {"type": "string"})
-    (3, '3')
-    >>> convert_value('{"a": [1]}', {"type": "object"}), convert_value("TRUE", {"type": ["null", "boolean"]})
-    ({'a': [1]}, True)
-    """
-    types = _schema_types(schema)
-    for kind in types:
-        if kind == "string":
-            continue
-        ok, parsed = _as_type(value, kind)
-        if ok:
-            return parsed
-    return value
-
-
-def _parameters_schema(tools: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    schema = tools.get(name)
-    properties = schema.get("properties") if isinstance(schema, dict) else None
-    return properties if isinstance(properties, dict) else {}
 
 
 class FunctionReader:
@@ -178,6 +109,4 @@ class FunctionReader:
         return True
 
     def _call(self) -> ParsedCall:
-        schema = _parameters_schema(self._tools, self._name)
-        arguments = {k: convert_value(v, schema.get(k)) for k, v in self._values.items()}
-        return ParsedCall(self._name, dump_arguments(arguments))
+        return ParsedCall(self._name, typed_arguments(self._tools, self._name, self._values))

@@ -1,6 +1,6 @@
-"""Calls inside ``<tool_call>…</tool_call>``: Hermes, Qwen 2.5 and Qwen 3 JSON, or Qwen3-Coder XML.
+"""Calls inside ``<tool_call>…</tool_call>``: Hermes, Qwen 2.5 and Qwen 3 JSON, Qwen3-Coder XML, or GLM.
 
-Both families share the tag; what follows it decides::
+These families share the tag; what follows it decides::
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -14,9 +14,14 @@ Both families share the tag; what follows it decides::
     </function>
     </tool_call>
 
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    </tool_call>
+
 A call is complete when its JSON object (or ``</function>``) closes, and goes
 out then; the closing tag is consumed if it follows, and not required when the
-reply ends without it.
+reply ends without it. A GLM call has no such end of its own: it needs ``</tool_call>``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from proxy.engine.toolcalls._calls import ValueReader, call_from_object
 from proxy.engine.toolcalls._events import ParsedCall, Step
+from proxy.engine.toolcalls._glm import GlmReader
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN, FunctionReader
 from proxy.engine.toolcalls._scan import skip_space
 
@@ -43,7 +49,9 @@ class TaggedCallParser:
 
     def __init__(self, tools: Mapping[str, Any], *, after_function_tag: bool = False) -> None:
         self._tools = tools
-        self._reader: ValueReader | FunctionReader | None = FunctionReader(0, tools) if after_function_tag else None
+        self._reader: ValueReader | FunctionReader | GlmReader | None = (
+            FunctionReader(0, tools) if after_function_tag else None
+        )
         self._end: int | None = None
         self._literal = 0  # a <function= inside this block is part of it, even when the block fails
 
@@ -68,11 +76,13 @@ class TaggedCallParser:
             elif head.startswith(FUNCTION_OPEN):
                 self._reader = FunctionReader(pos + len(FUNCTION_OPEN), self._tools)
                 self._literal = pos + len(FUNCTION_OPEN)
+            elif head and head[0] not in "<{":
+                self._reader = GlmReader(pos, self._tools)
             elif final or not FUNCTION_OPEN.startswith(head):
-                raise ValueError("neither a JSON object nor <function= after <tool_call>")
+                raise ValueError("neither a JSON object, <function= nor a name after <tool_call>")
             else:
                 return None
-        if isinstance(self._reader, FunctionReader):
+        if isinstance(self._reader, (FunctionReader, GlmReader)):
             return self._reader.read(text, final)
         read = self._reader.read(text)
         if read is None:

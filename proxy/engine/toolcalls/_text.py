@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
+from proxy.engine.toolcalls._dsml import DSML, DSML_OPENERS
 from proxy.engine.toolcalls._events import (
     Content,
     Event,
@@ -37,9 +38,12 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
+from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
+from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
@@ -64,12 +68,22 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "deepseek-r1": (DEEPSEEK_CALLS,),
     "kimi-k2": (KIMI_SECTION,),
     "harmony": (),
+    "glm": (TOOL_CALL_OPEN,),
+    "minimax-m2": (MINIMAX_M2_OPEN,),
+    "minimax-m1": (MINIMAX_M1_OPEN,),
+    "apriel": (MINIMAX_M1_OPEN,),
+    "dsml": DSML_OPENERS,
+    "gemma4": (GEMMA4_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
         PYTHON_TAG,
         DEEPSEEK_CALLS,
         KIMI_SECTION,
+        MINIMAX_M2_OPEN,
+        MINIMAX_M1_OPEN,
+        *DSML_OPENERS,
+        GEMMA4_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -297,6 +311,14 @@ class TextExtractor:
             return SectionParser(DEEPSEEK)
         if marker == KIMI_SECTION:
             return SectionParser(KIMI)
+        if marker == MINIMAX_M2_OPEN:
+            return InvokeParser(MINIMAX_M2, self._options.tools)
+        if marker in DSML_OPENERS:
+            return InvokeParser(DSML, self._options.tools)
+        if marker == GEMMA4_OPEN:
+            return Gemma4Parser()
+        if marker == MINIMAX_M1_OPEN:
+            return MiniMaxM1Parser()
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:

@@ -1,0 +1,84 @@
+# ruff: noqa: RUF001, RUF002  # the fullwidth bar is how DeepSeek's tokenizer spells DSML
+"""DeepSeek V3.2 and V4 (DSML): ``<｜DSML｜invoke name=...><｜DSML｜parameter name=K string="true|false">V``.
+
+The calls are the ones DeepSeek's own templates render for two parallel calls: ``string="true"``
+values are the text as it is, ``string="false"`` values are JSON.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
+from tests.engine.template_replies import (
+    CALLS,
+    CONTENT,
+    TOOLS,
+    assert_read_back,
+    assert_stays_content,
+    calls_of,
+    content_of,
+    extract,
+    rendered_reply,
+    template_text,
+)
+
+DSML = ExtractOptions(calls="dsml", tools=TOOLS)
+TEMPLATES = [
+    ("deepseek-ai-DeepSeek-V3.2", "</｜DSML｜function_calls>"),
+    ("deepseek-ai-DeepSeek-V4", "</｜DSML｜tool_calls>"),
+    ("deepseek-ai-DeepSeek-V4-Flash-0731", "</｜DSML｜tool_calls>"),
+]
+
+
+@pytest.mark.parametrize("calls", ["dsml", "auto"])
+@pytest.mark.parametrize(("name", "end"), TEMPLATES)
+def test_the_templates_own_parallel_calls_are_read_back(name: str, end: str, calls: str) -> None:
+    assert detect_tool_call_format(template_text(name)) == "dsml"
+    text = rendered_reply(name, end)
+    assert 'string="false"' in text
+    assert_read_back(text, ExtractOptions(calls=calls, tools=TOOLS))
+
+
+def test_the_string_attribute_types_values_without_a_schema() -> None:
+    """The model says which values are JSON: no schema is needed, and a JSON-looking string stays text."""
+    events, _ = extract(rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml"))
+    assert calls_of(events) == CALLS
+
+
+def test_json_that_does_not_parse_falls_back_to_the_schema() -> None:
+    text = (
+        '<｜DSML｜function_calls><｜DSML｜invoke name="get_weather">'
+        '<｜DSML｜parameter name="city" string="false">Paris</｜DSML｜parameter>'
+        '<｜DSML｜parameter name="days" string="false"> 3 </｜DSML｜parameter>'
+        "</｜DSML｜invoke></｜DSML｜function_calls>"
+    )
+    assert calls_of(extract(text, DSML)[0]) == [("get_weather", {"city": "Paris", "days": 3})]
+
+
+def test_cut_off_in_the_second_call_keeps_the_first() -> None:
+    text = rendered_reply(*TEMPLATES[1])
+    cut = text[: text.rindex("</｜DSML｜invoke>") + 3]
+    assert_stays_content(cut, DSML, calls=1)
+    events, _ = extract(cut, DSML)
+    assert content_of(events).startswith(CONTENT) and content_of(events).endswith("</｜")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '<｜DSML｜tool_calls><｜DSML｜invoke name="get_weather"><parameter name="city">Paris</parameter>'
+        "</｜DSML｜invoke></｜DSML｜tool_calls>",  # MiniMax's tags inside a DSML block
+        '<｜DSML｜tool_calls><｜DSML｜invoke name="get_weather" string="true"></｜DSML｜invoke></｜DSML｜tool_calls>',
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Pa',
+    ],
+)
+def test_malformed_blocks_stay_content(bad: str) -> None:
+    assert_stays_content("Sure. " + bad, DSML)
+
+
+def test_parallel_off_keeps_the_first() -> None:
+    events, extractor = extract(
+        rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml", tools=TOOLS, parallel=False)
+    )
+    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1

@@ -1,0 +1,71 @@
+"""Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``, read from Gemma 4's own templates."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
+from tests.engine.template_replies import (
+    CALLS,
+    CONTENT,
+    TOOLS,
+    assert_read_back,
+    assert_stays_content,
+    calls_of,
+    extract,
+    rendered_reply,
+    template_text,
+)
+
+GEMMA4 = ExtractOptions(calls="gemma4", tools=TOOLS)
+TEMPLATES = ["google-gemma-4-31B-it", "google-gemma-4-31B-it-interleaved"]
+
+
+def gemma_reply(name: str) -> str:
+    """Gemma 4's template writes a turn's calls first and its text after them."""
+    return rendered_reply(name, CONTENT, start="<|turn>model\n").removeprefix("<|turn>model\n")
+
+
+@pytest.mark.parametrize("calls", ["gemma4", "auto"])
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_the_templates_own_parallel_calls_are_read_back(name: str, calls: str) -> None:
+    assert detect_tool_call_format(template_text(name)) == "gemma4"
+    text = gemma_reply(name)
+    assert '<|"|>' in text
+    assert_read_back(text, ExtractOptions(calls=calls, tools=TOOLS))
+
+
+def test_the_quoting_types_values_without_a_schema() -> None:
+    assert calls_of(extract(gemma_reply(TEMPLATES[0]), ExtractOptions(calls="gemma4"))[0]) == CALLS
+
+
+def test_nested_values_and_quoted_text_with_brackets() -> None:
+    text = '<|tool_call>call:f{a:{b:[1, -2.5e3, null]},s:<|"|>x}, {y: ]<|"|>,<|"|>k k<|"|>:false}<tool_call|>'
+    assert calls_of(extract(text, GEMMA4)[0]) == [
+        ("f", {"a": {"b": [1, -2500.0, None]}, "s": "x}, {y: ]", "k k": False})
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<|tool_call>call:get_weather{city:Paris}<tool_call|>",  # a string without Gemma's quotes
+        '<|tool_call>get_weather{city:<|"|>Paris<|"|>}<tool_call|>',  # no call:
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,}<tool_call|>',
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>',  # cut off
+        "<|tool_call>call:f" + "{a:" * 100 + "1" + "}" * 100 + "<tool_call|>",  # deeper than any call
+    ],
+)
+def test_malformed_calls_stay_content(bad: str) -> None:
+    assert_stays_content("Sure. " + bad, GEMMA4)
+
+
+def test_cut_off_in_the_second_call_keeps_the_first() -> None:
+    text = gemma_reply(TEMPLATES[0])
+    assert_stays_content(text[: text.rindex("<tool_call|>")], GEMMA4, calls=1)
+
+
+def test_parallel_off_keeps_the_first() -> None:
+    options = ExtractOptions(calls="gemma4", tools=TOOLS, parallel=False)
+    events, extractor = extract(gemma_reply(TEMPLATES[0]), options)
+    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
