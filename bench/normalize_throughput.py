@@ -1,6 +1,6 @@
 """Throughput of ``toolpair normalize`` on generated datasets (a benchmark, not a test).
 
-Two shapes, each generated once and then normalized by the real command
+Three shapes, each generated once and then normalized by the real command
 (``python -m proxy normalize``) with one worker, two workers and ``--check``:
 
 - ``long``: agent traces of about 8.6 KB a record (default 256 MB): OpenAI chat,
@@ -11,6 +11,16 @@ Two shapes, each generated once and then normalized by the real command
   105 MB): half are one assistant turn with two parallel calls and their two
   results (a fifth of those arrived reversed), half plain user/assistant turns.
 
+- ``mixed``: short records of about 560 bytes (default 90 MB) in all three
+  dialects, each with two parallel calls and their results, half reversed and
+  half in call order: every line needs a parse, half of them a rewrite.
+
+The floor for every shape is the plain loop ``orjson_loop`` (in this file):
+one process that ``orjson.loads`` and ``orjson.dumps`` every line, started and
+timed like the real command and interleaved with it. Each configuration prints
+its ratio to that loop (``x orjson loop``; above 1 is faster), on wall time and
+on CPU time.
+
 It prints MB/s of input (wall clock) and MB per CPU-second (the workers'
 included), which is the steadier figure on a machine others are using too. The
 file is read from the page cache after generation, so this measures the CPU
@@ -20,7 +30,8 @@ main branch), interleaved with this one's, and prints the ratio.
 ``--parquet`` also writes the short dataset as Parquet (a nested ``messages``
 column, and one of JSON text) and times ``toolpair normalize`` on both.
 
-    python bench/normalize_throughput.py [--shape both|long|short] [--mb 256] [--short-mb 105]
+    python bench/normalize_throughput.py [--shape all|long|short|mixed] [--mb 256] [--short-mb 105]
+                                         [--mixed-mb 90]
                                          [--parquet] [--against DIR] [--dir DIR] [--keep]
 """
 
@@ -283,7 +294,36 @@ def short_record(rng: random.Random) -> dict[str, Any]:
     }
 
 
-SHAPES: dict[str, Callable[[random.Random], dict[str, Any]]] = {"long": long_record, "short": short_record}
+def mixed_record(rng: random.Random) -> dict[str, Any]:
+    """About 450 bytes: two parallel calls and their results in one of the three dialects, half reversed."""
+    ids = [f"call_{rng.getrandbits(48):012x}" for _ in range(2)]
+    names = [rng.choice(TOOLS)[0] for _ in ids]
+    order = [1, 0] if rng.random() < 0.5 else [0, 1]
+    form = rng.randrange(3)
+    question = {"role": "user", "content": text(rng, rng.randint(8, 20))}
+    if form == 0:
+        calls = [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": '{"q": "x"}'}}
+            for i, n in zip(ids, names, strict=True)
+        ]
+        results = [{"role": "tool", "tool_call_id": ids[i], "content": text(rng, 8)} for i in order]
+        return {"messages": [question, {"role": "assistant", "content": None, "tool_calls": calls}, *results]}
+    if form == 1:
+        uses = [{"type": "tool_use", "id": i, "name": n, "input": {"q": "x"}} for i, n in zip(ids, names, strict=True)]
+        blocks = [{"type": "tool_result", "tool_use_id": ids[i], "content": text(rng, 8)} for i in order]
+        return {"messages": [question, {"role": "assistant", "content": uses}, {"role": "user", "content": blocks}]}
+    items = [
+        {"type": "function_call", "call_id": i, "name": n, "arguments": "{}"} for i, n in zip(ids, names, strict=True)
+    ]
+    outputs = [{"type": "function_call_output", "call_id": ids[i], "output": text(rng, 8)} for i in order]
+    return {"input": [question, *items, *outputs]}
+
+
+SHAPES: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "long": long_record,
+    "short": short_record,
+    "mixed": mixed_record,
+}
 
 
 def generate(path: Path, shape: str, megabytes: int, seed: int = 7) -> int:
@@ -314,6 +354,26 @@ def run(root: Path, args: list[str]) -> tuple[float, float, int]:
     return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 
+def orjson_loop(source: str, target: str) -> None:
+    """The floor: read every line, ``orjson.loads`` it and ``orjson.dumps`` it back, one process, no ordering."""
+    loads, dumps = orjson.loads, orjson.dumps
+    with open(source, "rb", buffering=1 << 20) as lines, open(target, "wb", buffering=1 << 20) as out:
+        write = out.write
+        for line in lines:
+            write(dumps(loads(line)) + b"\n")
+
+
+def run_floor(source: Path, target: Path) -> tuple[float, float, int]:
+    """The orjson loop, started and timed the same way as the real command."""
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, __file__, "--orjson-loop", str(source), str(target)])
+    _, status, usage = os.wait4(child.pid, 0)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit("the orjson loop failed")
+    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+
+
 def count_lines(path: Path) -> int:
     with path.open("rb") as f:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
@@ -341,22 +401,32 @@ def bench_shape(shape: str, megabytes: int, workdir: Path, repeat: int, roots: d
     }
     results: dict[str, float] = {}
     cpu_rates: dict[str, float] = {}
+    floor_out = workdir / "floor.jsonl"
     for label, (extra, fresh) in configs.items():
         best: dict[str, tuple[float, float, int]] = {}
         for _ in range(repeat):
-            for name, root in reversed(roots.items()):  # interleaved, so both see the same load; this last
+            # Interleaved, so all see the same load: the orjson loop first, this checkout last.
+            floor_out.unlink(missing_ok=True)
+            best["floor"] = min(best.get("floor", (float("inf"), 0.0, 0)), run_floor(data, floor_out))
+            for name, root in reversed(roots.items()):
                 if fresh is not None:  # replacing a big file costs the filesystem, not toolpair
                     fresh.unlink(missing_ok=True)
                 best[name] = min(best.get(name, (float("inf"), 0.0, 0)), run(root, [str(data), *extra]))
+        floor_wall, floor_cpu, _ = best.pop("floor")
+        print(
+            f"{'orjson loop':>11} {label:>18}: {size / 1e6 / floor_wall:6.1f} MB/s  ({floor_wall:.2f} s wall, "
+            f"{floor_cpu:.2f} s CPU = {size / 1e6 / floor_cpu:.0f} MB per CPU-second)"
+        )
         for name, (seconds, cpu, peak_kib) in best.items():
             results[f"{name} {label}"] = size / 1e6 / seconds
             print(
-                f"{name:>8} {label:>18}: {size / 1e6 / seconds:6.1f} MB/s  ({seconds:.2f} s wall, {cpu:.2f} s CPU = "
-                f"{size / 1e6 / cpu:.0f} MB per CPU-second, peak memory {peak_kib / 1024:.0f} MiB)"
+                f"{name:>11} {label:>18}: {size / 1e6 / seconds:6.1f} MB/s  ({seconds:.2f} s wall, {cpu:.2f} s CPU = "
+                f"{size / 1e6 / cpu:.0f} MB per CPU-second, peak memory {peak_kib / 1024:.0f} MiB); "
+                f"x orjson loop: {floor_wall / seconds:.2f} wall, {floor_cpu / cpu:.2f} CPU"
             )
         cpu_rates[label] = size / 1e6 / best["this"][1]
         if "against" in best:
-            print(f"{'':>8} {label:>18}: this / against = {best['against'][0] / best['this'][0]:.2f}x")
+            print(f"{'':>11} {label:>18}: this / against = {best['against'][0] / best['this'][0]:.2f}x")
     same = filecmp.cmp(out1, out2, shallow=False)
     print(f"1 and 2 workers wrote the same bytes: {same}; lines in {count_lines(data)}, out {count_lines(out1)}")
     summary = json.loads(report.read_text())
@@ -418,13 +488,17 @@ def bench_parquet(workdir: Path, repeat: int, roots: dict[str, Path]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--orjson-loop"]:
+        orjson_loop(sys.argv[2], sys.argv[3])
+        return 0
     if sys.argv[1:2] == ["--write-parquet"]:
         write_parquet(Path(sys.argv[2]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=["both", *SHAPES], default="both", help="which dataset (default both)")
+    parser.add_argument("--shape", choices=["all", *SHAPES], default="all", help="which dataset (default all)")
     parser.add_argument("--mb", type=int, default=256, help="long dataset size in MB (default 256)")
     parser.add_argument("--short-mb", type=int, default=105, help="short dataset size in MB (default 105)")
+    parser.add_argument("--mixed-mb", type=int, default=90, help="mixed dataset size in MB (default 90)")
     parser.add_argument("--against", type=Path, help="another checkout to run the same commands from")
     parser.add_argument("--dir", type=Path, help="where to write the dataset (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -435,10 +509,10 @@ def main() -> int:
     args = parser.parse_args()
 
     roots = {"this": ROOT, **({"against": args.against.resolve()} if args.against else {})}
-    sizes = {"long": args.mb, "short": args.short_mb}
+    sizes = {"long": args.mb, "short": args.short_mb, "mixed": args.mixed_mb}
     workdir = Path(tempfile.mkdtemp(prefix="toolpair-bench-", dir=args.dir))
     try:
-        for shape in SHAPES if args.shape == "both" else [args.shape]:
+        for shape in SHAPES if args.shape == "all" else [args.shape]:
             bench_shape(shape, sizes[shape], workdir, args.repeat, roots)
         if args.parquet:
             if not (workdir / "short.jsonl").exists():

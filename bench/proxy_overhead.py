@@ -17,6 +17,10 @@ Measures:
   wall time on a loaded machine);
 - requests per second at concurrency 32: direct, floor and proxied.
 
+``--against DIR`` also runs a toolpair sidecar from another checkout (say, the
+main branch) as a fourth side, interleaved with the others, and prints its
+ratios to the same floor: a before/after of a change, in one run.
+
 Run: ``make bench`` (or ``python bench/proxy_overhead.py --help``). This is a
 benchmark, not a test: it prints a table and checks nothing. Figures move a lot
 on a busy machine; the ratios within one run are what to compare.
@@ -147,9 +151,15 @@ def serve_floor(upstream: str, port: int) -> None:
     web.run_app(floor_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None, loop=new_event_loop())
 
 
-def start(command: list[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start(command: list[str], root: Path = ROOT) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_toolpair(upstream: str, port: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """A toolpair sidecar from the checkout at ``root``, as the bench configures it."""
+    command = [sys.executable, "-m", "proxy", "proxy", "--upstream", upstream, "--port", str(port)]
+    return start([*command, "--log-level", "warning"], root)
 
 
 async def wait_up(session: aiohttp.ClientSession, url: str) -> None:
@@ -186,34 +196,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def compare(d: list[float], f: list[float], p: list[float], unit: float = 1e3) -> dict[str, float]:
-    """Medians of direct, floor and toolpair times; what each hop adds; toolpair's added time over the floor's."""
-    dm, fm, pm = statistics.median(d), statistics.median(f), statistics.median(p)
-    return {
-        "direct_median_ms": dm * unit,
-        "floor_median_ms": fm * unit,
-        "proxy_median_ms": pm * unit,
-        "floor_added_median_ms": (fm - dm) * unit,
-        "added_median_ms": (pm - dm) * unit,
-        "added_p99_ms": (percentile(p, 0.99) - percentile(d, 0.99)) * unit,
-        "ratio_to_floor": (pm - dm) / (fm - dm) if fm > dm else float("nan"),
-    }
+def compare(
+    d: list[float], f: list[float], p: list[float], *others: list[float], unit: float = 1e3
+) -> dict[str, float]:
+    """Medians of direct, floor and toolpair times; what each hop adds; toolpair's added time over the floor's.
+
+    ``others`` (the ``--against`` checkout) get the same figures, their keys prefixed with ``against_``.
+    """
+    dm, fm = statistics.median(d), statistics.median(f)
+    result = {"direct_median_ms": dm * unit, "floor_median_ms": fm * unit, "floor_added_median_ms": (fm - dm) * unit}
+    for prefix, times in zip(("", "against_"), (p, *others), strict=False):
+        pm = statistics.median(times)
+        result[f"{prefix}proxy_median_ms"] = pm * unit
+        result[f"{prefix}added_median_ms"] = (pm - dm) * unit
+        result[f"{prefix}added_p99_ms"] = (percentile(times, 0.99) - percentile(d, 0.99)) * unit
+        result[f"{prefix}ratio_to_floor"] = (pm - dm) / (fm - dm) if fm > dm else float("nan")
+    return result
 
 
 @dataclass
 class Contest:
-    """Direct, floor and toolpair side by side: their URLs, and the two proxies' processes for CPU time."""
+    """Direct, floor, toolpair (and the ``--against`` toolpair) side by side: URLs, and the proxies' processes."""
 
-    urls: tuple[str, str, str]
+    urls: tuple[str, ...]
     floor_pid: int
     proxy_pid: int
+    against_pid: int | None = None
 
     async def times(self, measure: Callable[[str], Awaitable[float]], rounds: int) -> tuple[list[float], ...]:
         """Time ``measure(url)`` on each side per round, in a rotating order so no side always goes first."""
-        times: tuple[list[float], ...] = ([], [], [])
+        sides = len(self.urls)
+        times: tuple[list[float], ...] = tuple([] for _ in range(sides))
         for round_no in range(rounds):
-            for k in range(3):
-                side = (round_no + k) % 3
+            for k in range(sides):
+                side = (round_no + k) % sides
                 times[side].append(await measure(self.urls[side]))
         return times
 
@@ -224,12 +240,16 @@ class Contest:
         figure on a shared machine; wall time is what a client sees.
         """
         await self.times(measure, warmup)  # warm up every path and its connection pool
-        cpu_before = cpu_seconds(self.floor_pid), cpu_seconds(self.proxy_pid)
+        pids = [self.floor_pid, self.proxy_pid, *([] if self.against_pid is None else [self.against_pid])]
+        cpu_before = [cpu_seconds(pid) for pid in pids]
         result = compare(*await self.times(measure, rounds))
-        floor_cpu = (cpu_seconds(self.floor_pid) - cpu_before[0]) / rounds
-        proxy_cpu = (cpu_seconds(self.proxy_pid) - cpu_before[1]) / rounds
-        result["floor_cpu_ms"], result["proxy_cpu_ms"] = floor_cpu * 1e3, proxy_cpu * 1e3
-        result["cpu_ratio_to_floor"] = proxy_cpu / floor_cpu if floor_cpu > 0 else float("nan")
+        floor_cpu, *proxies_cpu = [
+            (cpu_seconds(pid) - before) / rounds for pid, before in zip(pids, cpu_before, strict=True)
+        ]
+        result["floor_cpu_ms"] = floor_cpu * 1e3
+        for prefix, proxy_cpu in zip(("", "against_"), proxies_cpu, strict=False):
+            result[f"{prefix}proxy_cpu_ms"] = proxy_cpu * 1e3
+            result[f"{prefix}cpu_ratio_to_floor"] = proxy_cpu / floor_cpu if floor_cpu > 0 else float("nan")
         return result
 
 
@@ -267,29 +287,18 @@ async def stream_time(session: aiohttp.ClientSession, url: str, body: bytes) -> 
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    engine_port, proxy_port, floor_port = free_port(), free_port(), free_port()
+    engine_port, proxy_port, floor_port, against_port = free_port(), free_port(), free_port(), free_port()
     direct, proxied = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
-    floor = f"http://127.0.0.1:{floor_port}"
+    floor, against = f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{against_port}"
     engine = start([sys.executable, "-m", "tests.mock_engine", "--port", str(engine_port), "--words", str(args.chunks)])
     floor_proxy = start([sys.executable, __file__, "--serve-floor", direct, "--port", str(floor_port)])
-    proxy = start(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "proxy",
-            "--upstream",
-            direct,
-            "--port",
-            str(proxy_port),
-            "--log-level",
-            "warning",
-        ]
-    )
-    results: dict[str, Any] = {}
+    proxy = start_toolpair(direct, proxy_port)
+    other = start_toolpair(direct, against_port, args.against.resolve()) if args.against else None
+    results: dict[str, Any] = {"against": str(args.against) if args.against else None}
     try:
         async with aiohttp.ClientSession() as session:
-            contest = Contest((direct, floor, proxied), floor_proxy.pid, proxy.pid)
+            urls = (direct, floor, proxied, *([against] if other else []))
+            contest = Contest(urls, floor_proxy.pid, proxy.pid, other.pid if other else None)
             for url in contest.urls:
                 await wait_up(session, url)
             small, large = small_request(), large_request()
@@ -314,7 +323,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["rps_ratio"] = results["rps_proxy"] / results["rps_direct"]
         results["rps_ratio_to_floor"] = results["rps_proxy"] / results["rps_floor"]
     finally:
-        for process in (proxy, floor_proxy, engine):
+        for process in (proxy, *([other] if other else []), floor_proxy, engine):
             process.terminate()
             process.wait(10)
     return results
@@ -328,6 +337,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=500, help="chunks per streamed reply")
     parser.add_argument("--stream-runs", type=int, default=40, help="streams per side (CPU is read in 10 ms ticks)")
     parser.add_argument("--json", action="store_true", help="print raw results as JSON")
+    parser.add_argument("--against", type=Path, help="another checkout whose toolpair runs as a fourth side")
     parser.add_argument("--serve-floor", metavar="UPSTREAM", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,6 +363,12 @@ def main() -> None:
             f"{c['floor_added_median_ms']:>9.3f}{c['added_median_ms']:>11.3f}{c['ratio_to_floor']:>8.2f}x"
             f"{c['floor_cpu_ms']:>10.3f}{c['proxy_cpu_ms']:>8.3f}{c['cpu_ratio_to_floor']:>8.2f}x"
         )
+        if r["against"]:
+            print(
+                f"{'  against ' + r['against']:<24}{'':>25}{c['against_added_median_ms']:>20.3f}"
+                f"{c['against_ratio_to_floor']:>8.2f}x{'':>10}{c['against_proxy_cpu_ms']:>8.3f}"
+                f"{c['against_cpu_ratio_to_floor']:>8.2f}x"
+            )
     print("target: toolpair's added time at most 1.15x the floor's (x floor)")
     for name, key in (("small", "small"), ("large reorder", "large_reorder")):
         print(f"{name + ': toolpair added p99 ms':<38}{r[key]['added_p99_ms']:>9.3f}")

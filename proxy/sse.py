@@ -98,6 +98,11 @@ class FrameSplitter:
         buffer = self._buffer + chunk if self._buffer else chunk
         if b"\r" in buffer:
             return b"".join(self.feed(chunk))
+        if buffer.endswith(b"\n\n") and (len(buffer) == 2 or buffer[-3] != 0x0A):
+            # The usual chunk, ending with a frame: an LF pair after a non-LF is always a cut.
+            self._buffer = b""
+            self._scanned = 0
+            return buffer
         last = buffer.rfind(b"\n\n", max(0, self._scanned - 3))
         end = 0
         if last >= 0:

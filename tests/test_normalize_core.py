@@ -18,6 +18,7 @@ from proxy.normalize import (
     WholeLines,
     apply_edits,
     block_edits,
+    may_hold_results,
     normalize_block,
     normalize_line,
     order_record,
@@ -177,12 +178,14 @@ def test_crlf_and_bom_survive_a_rewrite() -> None:
 
 
 def test_integers_wider_than_64_bits_keep_every_digit() -> None:
-    record = responses(CALLS[:2], [("call_b", "1"), ("call_a", "2")])
-    record["seed"] = 123456789012345678901234567890
-    line = json.dumps(record).encode()
-    out, result = normalize_line(line)
-    assert result.changed and b"123456789012345678901234567890" in out
-    assert json.loads(out) == {**record, "input": responses(CALLS[:2], [("call_a", "2"), ("call_b", "1")])["input"]}
+    # The second has 19 digits, one below int64: orjson alone reads it as a float.
+    for seed in (123456789012345678901234567890, -9223372036854775809):
+        record = {**responses(CALLS[:2], [("call_b", "1"), ("call_a", "2")]), "seed": seed}
+        line = json.dumps(record).encode()
+        out, result = normalize_line(line)
+        assert result.changed and str(seed).encode() in out
+        fixed = responses(CALLS[:2], [("call_a", "2"), ("call_b", "1")])["input"]
+        assert json.loads(out) == {**record, "input": fixed}
 
 
 def test_lone_surrogates_and_deep_nesting_are_written_back_faithfully() -> None:
@@ -305,3 +308,63 @@ def test_rule_sets_skipped_by_shape_change_neither_output_nor_report(records: li
     ordered, report = order_record(orjson.loads(line))  # every rule set, no byte checks
     assert result.report == report
     assert orjson.loads(out) == ordered
+
+
+def _escape_letters(line: bytes, chosen: set[int], upper: bool) -> bytes:
+    """The same JSON with the chosen letters and underscores inside strings written as ``\\u00XX`` escapes."""
+    out = bytearray()
+    inside = escaped = False
+    for index, byte in enumerate(line):
+        if escaped:
+            escaped = False
+        elif inside and byte == 0x5C:
+            escaped = True
+        elif byte == 0x22:
+            inside = not inside
+        elif inside and index in chosen and (0x61 <= byte <= 0x7A or byte == 0x5F):
+            out += (f"\\u{byte:04X}" if upper else f"\\u{byte:04x}").encode()
+            continue
+        out.append(byte)
+    return bytes(out)
+
+
+_tricky_text = st.sampled_from(
+    ["tool_call_id", '"tool_use_id": "x"', '\\"call_id\\"', "\\u0074ool", "caf\u00e9 \u2603", "\\", ""]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_records, min_size=1, max_size=3), st.sets(st.integers(0, 1500)), st.booleans(), _tricky_text)
+def test_the_byte_scan_never_skips_a_line_whose_run_could_move(
+    records: list[Any], chosen: set[int], upper: bool, tricky: str
+) -> None:
+    """Keys spelled with escapes, markers inside strings, escaped quotes: output as if every line were parsed."""
+    record = {
+        "messages": [{"role": "user", "content": tricky}, *(m for r in records for m in r.get("messages", []))],
+        "input": [i for r in records for i in r.get("input", [])],
+    }
+    line = _escape_letters(line_of(record), chosen, upper)
+    assert orjson.loads(line) == record  # the escapes spell the same record
+    ordered, report = order_record(record)
+    if report.runs:
+        assert may_hold_results(line)
+    out, result = normalize_line(line)
+    assert orjson.loads(out) == ordered and (out is line) == (report.reordered == 0)
+    assert result.report == report
+    assert block_edits(line)[1].runs_reordered == report.reordered
+
+
+def test_adversarial_lines_for_the_byte_scan() -> None:
+    reversed_chat = line_of(chat(CALLS[:2], [("call_b", "1"), ("call_a", "2")]))
+    for spelled in (
+        reversed_chat.replace(b"tool_call_id", b"tool_call\\u005Fid"),  # no "call_id" left in the bytes
+        reversed_chat.replace(b"tool_call_id", b"\\u0074ool_c\\u0061ll_id").replace(b"tool_calls", b"tool\\u005fcalls"),
+    ):
+        assert may_hold_results(spelled) and normalize_line(spelled)[1].changed
+        assert block_edits(spelled)[1].changed == 1
+    # A marker inside a string, between escaped quotes: a parse that finds nothing to move.
+    decoy = line_of({"messages": [{"role": "user", "content": '"tool_call_id": "a"'}]})
+    assert b'\\"tool_call_id\\"' in decoy and may_hold_results(decoy)
+    assert normalize_line(decoy)[0] is decoy
+    # Escapes of characters no marker holds (non-ASCII text) keep the fast path.
+    assert not may_hold_results(line_of(sharegpt("caf\u00e9 \u2603")).replace(b"\xc3\xa9", b"\\u00e9"))

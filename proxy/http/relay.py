@@ -75,13 +75,13 @@ async def relay(
             if splitter is None:
                 await out.write(chunk)
                 continue
-            frames = splitter.feed(chunk)
+            frames = splitter.feed_whole(chunk)  # the chunk's whole frames as one slice: no list, no join
             if frames:
                 if checks is not None:
                     checks.feed(frames)
                 if not out.prepared:
                     await out.prepare(request)
-                await out.write(b"".join(frames))
+                await out.write(frames)
         if splitter is not None and splitter.pending.strip():
             raise UpstreamError(f"upstream {call.upstream.base_url} ended its stream inside an event")
         if not out.prepared:
@@ -126,14 +126,56 @@ def _check_completion(body: bytes, status: int, source: str) -> bytes:
     return body
 
 
+_DATA_OBJECT = b"data: {"
+
+
+def _plain_chunks(frames: bytes) -> bool:
+    """Whether every frame is one ``data: {...}`` line holding ``"choices"`` or ``"error"``: no cut, no copy.
+
+    Without CR and with no LF inside a frame, each frame ends at its first LF, which an LF follows,
+    exactly where :class:`~proxy.sse.FrameSplitter` cuts it.
+
+    >>> _plain_chunks(b'data: {"choices":[]}\\n\\ndata: {"error":{}}\\n\\n'), _plain_chunks(b"data: [DONE]\\n\\n")
+    (True, False)
+    """
+    if b"\r" in frames:
+        return False
+    start, size = 0, len(frames)
+    while start < size:
+        if not frames.startswith(_DATA_OBJECT, start):
+            return False
+        end = frames.find(b"\n", start)
+        if end < 0 or not frames.startswith(b"\n\n", end):
+            return False
+        if frames.find(b'"choices"', start, end) < 0 and frames.find(b'"error"', start, end) < 0:
+            return False
+        start = end + 2
+    return True
+
+
 class _CompletionFrames:
-    """Byte-level checks on a relayed Chat stream: JSON events, ``[DONE]`` at the end."""
+    """Byte-level checks on a relayed Chat stream: JSON events, ``[DONE]`` at the end.
+
+    The rule is per frame: a frame that starts with ``data:`` must carry ``[DONE]`` or an object
+    holding ``"choices"`` or ``"error"``. :meth:`feed` takes the relay's slice of whole frames;
+    the usual slice passes :func:`_plain_chunks` without a copy, and only the rest (``[DONE]``,
+    comments, CRs, a faulty frame) is cut into frames and checked one by one.
+    """
 
     def __init__(self, source: str) -> None:
         self._source = source
         self._done = False
 
-    def feed(self, frames: list[bytes]) -> None:
+    def feed(self, frames: bytes) -> None:
+        if _plain_chunks(frames):
+            return
+        cut = FrameSplitter()
+        each = cut.feed(frames)
+        if cut.pending:  # a frame ending in a lone CR: a fresh splitter holds it back, waiting for an LF
+            each.append(cut.pending)
+        self._feed_frames(each)
+
+    def _feed_frames(self, frames: list[bytes]) -> None:
         for frame in frames:
             if not frame.startswith(b"data:"):
                 continue  # a comment (ping) or another field

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.normalize.core import LineKind, LineResult, NormalizeTally, normalize_line, order_record
+from proxy.normalize.core import LineKind, LineResult, NormalizeTally, may_hold_results, normalize_line, order_record
 from proxy.normalize.jsonl import WholeLines, apply_edits, block_edits, normalize_block
 from proxy.order import KeptReason, OrderReport
 
@@ -31,6 +31,7 @@ __all__ = [
     "WholeLines",
     "apply_edits",
     "block_edits",
+    "may_hold_results",
     "normalize_block",
     "normalize_line",
     "normalize_record",

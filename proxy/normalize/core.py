@@ -4,7 +4,8 @@ Pure, no I/O. A line goes in as bytes (without its ``\\n``) and comes out as
 bytes, with what happened to it:
 
 - A line that holds none of the ID markers (``call_id``, which ``tool_call_id``
-  contains, and ``tool_use_id``) is not parsed at all: it cannot hold a run that
+  contains, and ``tool_use_id``), and no ``\\u00XX`` escape that could spell
+  one, is not parsed at all (``may_hold_results``): it cannot hold a run that
   could be reordered. This is the same fast path the proxy takes.
 - A record whose runs are already in call order (or must keep their order) comes
   back as the very same bytes. Only a record that changes is re-serialized.
@@ -25,16 +26,17 @@ Which rules apply to a parsed record (form detection, per record, by shape):
   through unchanged.
 
 A parsed line skips a rule set whose shape its bytes cannot hold: the chat rules
-need a ``tool_calls`` key, the Anthropic rules a ``tool_result`` block, so a line
-without those bytes has no run of that form to move or to count. On short chat
-records this halves the time spent in the rules. Like the marker fast path, it
-reads the raw bytes: a key spelled with JSON escapes (``"tool\\u005fcalls"``)
-is not seen.
+need a ``tool_calls`` key, the Anthropic rules a ``tool_result`` block, the
+Responses rules a ``*_call_output`` item, so a line without those bytes has no
+run of that form to move or to count. On short chat records this halves the
+time spent in the rules. A line with an escape that could spell a shape
+(``"tool\\u005fcalls"``) gets every rule set.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, NoReturn
@@ -51,6 +53,7 @@ __all__ = [
     "NormalizeTally",
     "normalize_line",
     "normalize_marked_line",
+    "may_hold_results",
     "order_record",
 ]
 
@@ -58,15 +61,20 @@ ANTHROPIC_MARKER = b"tool_use_id"
 RESPONSES_MARKER = b"call_id"
 ID_MARKERS = (RESPONSES_MARKER, ANTHROPIC_MARKER)
 """A line holding neither is never parsed (``call_id`` is inside ``tool_call_id`` too)."""
+_LETTER_ESCAPE = b"\\u00"
+_MARKER_LETTER_ESCAPE = re.compile(rb"\\u00[5-7]")
+"""A JSON escape of a code point from U+0050 to U+007F: every marker's letters and ``_`` are in there."""
 CHAT_SHAPE = b"tool_calls"  # a line without it has no chat run
 ANTHROPIC_SHAPE = b"tool_result"  # a line without it has no Anthropic run
+RESPONSES_SHAPE = b"call_output"  # nor without it a Responses one (function_call_output, custom_tool_call_output)
 
 _NO_RUNS = NO_RUNS
-# orjson reads integers wider than 64 bits as floats, losing digits. A changed
-# line with a run of 20 digits (even inside a string) is re-read exactly instead.
+# orjson reads integers outside int64/uint64 as floats, losing digits: positive
+# ones of 20 digits, negative ones from 19 (-9223372036854775809). A changed line
+# with a run of 19 digits (even inside a string) is re-read exactly instead.
 # Mapping every digit to "0" and searching is several times faster than a regex.
 _DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
-_TWENTY_DIGITS = b"0" * 20
+_NINETEEN_DIGITS = b"0" * 19
 _BOM = b"\xef\xbb\xbf"
 _loads = orjson.loads
 
@@ -178,6 +186,29 @@ def _dump(value: JSON, exact: bool) -> bytes | None:
         return None
 
 
+def may_hold_results(line: bytes) -> bool:
+    """Whether the line may hold a tool result; False means it needs no parse.
+
+    Conservative by construction: every result that could move is found by
+    its ID key (``tool_call_id``, ``tool_use_id``, ``call_id``), and a key is in
+    the bytes either as written, which the substring searches see, or with a
+    letter spelled as a ``\\u00XX`` escape, which sends the line to the parser
+    (JSON has no other way to write a letter or ``_``). A marker inside a string
+    value only makes the answer True more often, whatever quotes or escapes are
+    around it. Escapes of other characters (non-ASCII text) keep the fast path.
+
+    >>> may_hold_results(b'{"messages": [{"role": "user", "content": "hi"}]}')
+    False
+    >>> may_hold_results(b'{"text": "a tool_use_id, \\\\"quoted\\\\""}')
+    True
+    >>> may_hold_results(rb'{"tool_call\\u005fid": "a"}'), may_hold_results(rb'{"text": "caf\\u00e9"}')
+    (True, False)
+    """
+    if RESPONSES_MARKER in line or ANTHROPIC_MARKER in line:
+        return True
+    return _LETTER_ESCAPE in line and _MARKER_LETTER_ESCAPE.search(line) is not None
+
+
 def normalize_line(line: bytes, *, validate: bool = False, field: str | None = None) -> tuple[bytes, LineResult]:
     """Normalize one JSONL line (given without its ``\\n``); unchanged lines come back as is.
 
@@ -197,7 +228,7 @@ def normalize_line(line: bytes, *, validate: bool = False, field: str | None = N
     >>> normalize_line(b'{"conversations": []}')[0]
     b'{"conversations": []}'
     """
-    if RESPONSES_MARKER not in line and ANTHROPIC_MARKER not in line:
+    if not may_hold_results(line):
         if not line or line.isspace():
             return line, _BLANK
         return line, (_UNPARSED if not validate or _load(line) is not None else _BAD)
@@ -205,7 +236,7 @@ def normalize_line(line: bytes, *, validate: bool = False, field: str | None = N
 
 
 def normalize_marked_line(line: bytes, *, field: str | None = None) -> tuple[bytes, LineResult]:
-    """``normalize_line`` for a line known to hold an ID marker: parse, order, write back if it moved."""
+    """``normalize_line`` for a line that ``may_hold_results``: parse, order, write back if it moved."""
     try:  # orjson inline: this runs once per parsed line
         value, exact = _loads(line), False
     except orjson.JSONDecodeError:
@@ -213,16 +244,19 @@ def normalize_marked_line(line: bytes, *, field: str | None = None) -> tuple[byt
         if loaded is None:
             return line, _BAD
         value, exact = loaded
-    chat, anthropic = CHAT_SHAPE in line, ANTHROPIC_SHAPE in line
+    if _LETTER_ESCAPE in line and _MARKER_LETTER_ESCAPE.search(line) is not None:
+        chat = anthropic = responses = True  # a shape may be spelled with escapes: no byte check stands
+    else:
+        chat, anthropic, responses = CHAT_SHAPE in line, ANTHROPIC_SHAPE in line, RESPONSES_SHAPE in line
     record = value if field is None else {field: value}
-    ordered, report = order_record(record, chat=chat, anthropic=anthropic)
+    ordered, report = order_record(record, chat=chat, anthropic=anthropic, responses=responses)
     if ordered is record:
         return line, LineResult(LineKind.RECORD, False, report)
-    if not exact and _TWENTY_DIGITS in line.translate(_DIGITS_AS_ZERO):
+    if not exact and _NINETEEN_DIGITS in line.translate(_DIGITS_AS_ZERO):
         try:
             value = _load_exact(line)
             record = value if field is None else {field: value}
-            ordered, report = order_record(record, chat=chat, anthropic=anthropic)
+            ordered, report = order_record(record, chat=chat, anthropic=anthropic, responses=responses)
             exact = True
         except (ValueError, RecursionError):
             pass  # orjson's reading stands

@@ -3,7 +3,8 @@
 The outermost middleware. It gives the request its id (the client's valid
 ``X-Request-ID``, or a new one), opens a :class:`~proxy.ops.trace.Trace`, runs
 everything else, and when the response is finished (the last byte of a stream
-included) writes the access line and records the metrics. The id goes back in
+included) writes the access line and records the metrics, except for reads of
+toolpair's own state (scrapes, probes, status), which leave every metric as it was. The id goes back in
 the response's ``X-Request-ID`` header, set just before headers are sent.
 
 The access line holds the method, the path without its query string (where
@@ -24,7 +25,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from proxy.ops.logs import accept_request_id
 from proxy.ops.metrics import Metrics
-from proxy.ops.paths import METRICS_PATH, PROBE_PATHS, TOOLPAIR_METRICS_PATH
+from proxy.ops.paths import METRICS_PATH, PROBE_PATHS, STATUS_PATH, TOOLPAIR_METRICS_PATH
 from proxy.ops.privacy import hide_bodies, show_bodies
 from proxy.ops.trace import TRACE, Trace, bind, unbind
 from proxy.ops.usage import Usage
@@ -42,6 +43,10 @@ _SUMMARIZED = ("method", "path", "status", "duration_ms")
 
 _QUIET = PROBE_PATHS | {METRICS_PATH, TOOLPAIR_METRICS_PATH}
 """Polled every few seconds by machines: logged at debug level only."""
+
+_READ_ONLY = _QUIET | {STATUS_PATH}
+"""Reads of toolpair's own state: never counted in the metrics, so that reading changes nothing it reads
+(two scrapes with nothing between them are the same bytes). They still get a request id and an access line."""
 
 
 def route_label(request: web.Request) -> str:
@@ -65,7 +70,9 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
         request[TRACE] = trace
         token = bind(trace)
         shown = show_bodies(log_bodies)
-        metrics.in_flight.inc()
+        counted = request.path not in _READ_ONLY
+        if counted:
+            metrics.in_flight.inc()
         status = 500
         try:
             response = await handler(request)
@@ -80,11 +87,12 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
         finally:
             unbind(token)
             hide_bodies(shown)
-            metrics.in_flight.dec()
             duration = time.monotonic() - trace.started
             route = route_label(request)
             usage = trace.usage()
-            metrics.record(trace, route, status, duration, usage)
+            if counted:
+                metrics.in_flight.dec()
+                metrics.record(trace, route, status, duration, usage)
             _log_access(request, trace, route, status, duration, usage)
 
     return observe

@@ -29,6 +29,10 @@ Exported (all prefixed ``toolpair_``)::
     completion_tokens_total{route}          completion tokens reported in usage
     build_info{version}                     always 1
 
+No ``*_created`` series, and reading (``/metrics``, ``/toolpair/metrics``,
+``/health``, ``/ready``, ``/toolpair/status``) counts nowhere: two scrapes with
+nothing between them are the same bytes.
+
 ``route`` is the matched route's path (``/v1/chat/completions``), or
 ``passthrough`` for everything forwarded as is: never the raw path, which
 would let clients create unbounded series.
@@ -41,7 +45,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -106,6 +110,10 @@ class Metrics:
     """The metric objects of one app, and the one place a finished request is counted."""
 
     def __init__(self, engine_probe: Callable[[], EngineSnapshot | None] = lambda: None) -> None:
+        # No ``*_created`` series: a timestamp per labelled child that no dashboard reads, and that
+        # makes a new child look like a change between two scrapes. prometheus_client's switch is
+        # process-wide, read at each scrape; every registry in toolpair's process is toolpair's.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         # Labelled children by label values: labels() takes a lock and validates on every call.
         self._children: dict[tuple[str, ...], Any] = {}

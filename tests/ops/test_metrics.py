@@ -83,8 +83,27 @@ async def test_reordered_request_moves_the_counters(stack: Stack) -> None:
     # the mock engine's usage: 5 prompt tokens, 1 completion token
     assert delta(before, after, "toolpair_prompt_tokens_total", **CHAT) == 5
     assert delta(before, after, "toolpair_completion_tokens_total", **CHAT) == 1
-    # the scrape before counted itself once
-    assert delta(before, after, "toolpair_requests_total", route="toolpair_metrics", status="200") == 1
+    # the scrape before did not count itself
+    assert delta(before, after, "toolpair_requests_total", route="toolpair_metrics", status="200") == 0
+    assert value(after, "toolpair_requests_in_flight") == 0  # nor is the scrape in flight
+
+
+async def test_reading_leaves_every_metric_as_it_was(stack: Stack) -> None:
+    """Scrapes, probes and status reads count nowhere: two scrapes with only reads between are the same bytes."""
+    await send(stack.url, data=chat(CALLS, B, A))  # labelled children and histograms to read
+    async with aiohttp.ClientSession() as session:
+
+        async def read(path: str, **headers: str) -> bytes:
+            async with session.get(stack.url + path, headers=headers) as response:
+                assert response.status in (200, 503), path
+                return await response.read()
+
+        for accept in ({}, {"Accept": "application/openmetrics-text; version=1.0.0"}):
+            first = await read("/toolpair/metrics", **accept)
+            assert b"toolpair_requests_total{" in first and b"_created" not in first
+            for path in ("/health", "/ready", "/toolpair/status", "/metrics", "/toolpair/metrics"):
+                await read(path, **accept)
+            assert await read("/toolpair/metrics", **accept) == first
 
 
 async def test_in_order_and_kept_runs_by_reason(stack: Stack) -> None:
@@ -171,7 +190,7 @@ async def test_client_that_leaves_is_counted_as_499(stack: Stack) -> None:
             break
         await asyncio.sleep(0.02)
     assert delta(before, after, "toolpair_requests_total", status="499", **CHAT) == 1
-    assert value(after, "toolpair_requests_in_flight") == 1  # only the scrape itself
+    assert value(after, "toolpair_requests_in_flight") == 0  # the request that left; the scrape is not counted
 
 
 class FakeEngine:
