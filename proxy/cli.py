@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import shutil
 import sys
 import textwrap
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,7 +30,7 @@ from engine_launcher.template_check import (
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
-from proxy.engine.detect import PROBE_PATHS, Detection, ProbeAnswer, api_modes, resolve_engine
+from proxy.engine.detect import Detection, engine_lines, resolve_engine
 from proxy.engine.kinds import EngineKind
 from proxy.engine.plan import TOOL_CALL_FORMATS
 from proxy.normalize import cli as normalize_cli
@@ -444,11 +440,10 @@ def _run_proxy(args: argparse.Namespace) -> int:
     if problem is not None:
         raise ConfigError(problem)
     _setup_logging(settings)
-    answers = None
-    if settings.engine_kind is EngineKind.AUTO:
-        answers = probe_upstream(settings.upstream, wait=settings.engine_ready_wait)
-    settings, found = resolve_engine(settings, answers)
-    app = create_app(settings)
+    found = None
+    if settings.engine_kind is not EngineKind.AUTO:
+        settings, found = resolve_engine(settings, None)
+    app = create_app(settings, find_engine=True)  # an engine_kind of auto: found in the background
     for line in proxy_banner(settings, found).splitlines():  # one record a line: JSON logs stay one object a line
         logging.getLogger("toolpair").info("%s", line)
     web.run_app(
@@ -463,47 +458,10 @@ def _run_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
-def probe_upstream(base_url: str, *, wait: float, timeout: float = 5.0) -> list[ProbeAnswer]:
-    """Ask the upstream what it is (:data:`~proxy.engine.detect.PROBE_PATHS`); the decision is detect_engine's.
+def proxy_banner(settings: Settings, found: Detection | None) -> str:
+    """What ``toolpair proxy`` says at start-up: the engine (when named) and what each path does.
 
-    An upstream that does not answer yet (a sidecar started beside its engine) is asked again,
-    once a second, for up to ``wait`` seconds; then whatever was gathered is returned.
-    """
-    deadline = time.monotonic() + wait
-    said = False
-    while True:
-        answers = [_probe(base_url.rstrip("/") + path, path, timeout) for path in PROBE_PATHS]
-        if any(a.status is not None for a in answers) or time.monotonic() >= deadline:
-            return answers
-        if not said:
-            logging.getLogger("toolpair").info(
-                "the upstream does not answer yet (%s); asking again for up to %gs to tell what engine it is",
-                answers[0].error,
-                wait,
-            )
-            said = True
-        time.sleep(1.0)
-
-
-def _probe(url: str, path: str, timeout: float) -> ProbeAnswer:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, headers, raw = response.status, response.headers, response.read(1 << 20)
-    except urllib.error.HTTPError as exc:  # an answer all the same, with its headers
-        status, headers, raw = exc.code, exc.headers, exc.read(1 << 20)
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return ProbeAnswer(path, error=str(reason))
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    return ProbeAnswer(path, status, {k.lower(): v for k, v in headers.items()}, body)
-
-
-def proxy_banner(settings: Settings, found: Detection) -> str:
-    """What ``toolpair proxy`` says at start-up: the engine it found and how, and what each path does.
+    A detected engine is not known yet when this is said: the log says what was found, and when.
 
     >>> from proxy.engine.detect import detect_engine, ProbeAnswer
     >>> found = detect_engine([ProbeAnswer("/health", 200, {"server": "llama.cpp"})])
@@ -513,13 +471,6 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
     """
     base = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '', '::') else settings.host}:{settings.port}"
     upstream = public_url(settings.upstream or "")
-    how = f"detected: {found.how}" if found.detected and found.kind is not EngineKind.GENERIC else found.how
-    modes = api_modes(settings)
-    adapted = {
-        EngineKind.GENERIC: "nothing but the order of tool results",
-        EngineKind.LLAMA_SERVER: "the order of tool results; tool_choice allowed_tools narrowed (docs/engine.md)",
-        EngineKind.LLAMA_CPP_PYTHON: "requests reshaped to fit it, tool calls read out of its text (docs/engine.md)",
-    }.get(settings.engine_kind, "")
     credentials = (
         "toolpair checks its own keys; the engine gets upstream_api_key"
         if keys_required(settings) and settings.upstream_api_key
@@ -529,12 +480,7 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
     )
     lines = [
         f"toolpair {__version__} in front of {upstream}, listening on {base}",
-        f"  engine:         {settings.engine_kind.value} ({how})",
-        f"  changes:        {adapted}",
-        "  /v1/messages:   "
-        + _mode_text(modes["/v1/messages"])
-        + "   /v1/responses: "
-        + _mode_text(modes["/v1/responses"]),
+        *engine_lines(settings, found),
         f"  /metrics:       the engine's own, toolpair's families appended; toolpair's alone: {TOOLPAIR_METRICS_PATH}",
         f"  credentials:    {credentials}",
         "  override:       --engine-kind, --messages-mode, --responses-mode",
@@ -542,10 +488,6 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
         f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
     ]
     return "\n".join(lines)
-
-
-def _mode_text(mode: ApiMode) -> str:
-    return "native (the engine serves it)" if mode is ApiMode.NATIVE else "translated to Chat Completions"
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -42,7 +42,7 @@ from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_token
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.http.body import read_body
-from proxy.http.keys import ENGINE_CLIENT, SETTINGS
+from proxy.http.keys import ENGINE_CLIENT, ENGINE_WATCH, SETTINGS
 from proxy.http.relay import relay
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
@@ -50,6 +50,7 @@ from proxy.ops.trace import trace_of
 __all__ = [
     "ANTHROPIC",
     "COUNT_HEADER",
+    "MESSAGES_PATH",
     "AnthropicState",
     "messages_mode",
     "register_anthropic_routes",
@@ -135,7 +136,6 @@ class EngineTokenizer:
 class AnthropicState:
     """Per-app state of the Anthropic routes."""
 
-    mode: ApiMode
     template: ChatTemplate | None
     tokenizer: EngineTokenizer
 
@@ -157,7 +157,7 @@ def register_anthropic_routes(app: web.Application) -> None:
             template = ChatTemplate.from_file(settings.count_tokens_template)
         except TemplateError as exc:
             raise ConfigError(str(exc)) from None
-    app[ANTHROPIC] = AnthropicState(messages_mode(settings), template, EngineTokenizer())
+    app[ANTHROPIC] = AnthropicState(template, EngineTokenizer())
     app.router.add_post(MESSAGES_PATH, messages)
     app.router.add_post(COUNT_TOKENS_PATH, count_tokens)
 
@@ -173,7 +173,7 @@ def _credentials(request: web.Request) -> dict[str, str]:
 async def messages(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.max_body_bytes)
-    if request.app[ANTHROPIC].mode is ApiMode.NATIVE:
+    if request.app[ENGINE_WATCH].mode(MESSAGES_PATH) is ApiMode.NATIVE:
         return await _native(request, raw)
     plan = plan_translation(
         raw,
@@ -297,7 +297,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, settings.max_body_bytes)
     except ToolpairError:
         return _count_response(estimate_tokens(request.content_length or settings.max_body_bytes), "estimate")
-    if state.mode is ApiMode.NATIVE:
+    if request.app[ENGINE_WATCH].mode(MESSAGES_PATH) is ApiMode.NATIVE:
         return await _count_native(request, raw)
     try:
         plan = plan_translation(

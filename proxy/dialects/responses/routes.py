@@ -18,9 +18,10 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy._types import Body
-from proxy.config import ApiMode, Settings
+from proxy.config import ApiMode, EngineKind, Settings
 from proxy.dialects.chat.request import decode_body
 from proxy.dialects.responses.request import (
     ResponsesPlan,
@@ -34,18 +35,18 @@ from proxy.engine.adapt import refuse_responses_logprobs
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
-from proxy.http.keys import ENGINE_CLIENT, SETTINGS
-from proxy.http.relay import relay
+from proxy.http.keys import ENGINE_CLIENT, ENGINE_WATCH, SETTINGS
+from proxy.http.relay import passthrough, relay
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
-__all__ = ["RESPONSES_STORE", "register_responses_routes", "responses_mode"]
+__all__ = ["RESPONSES_PATHS", "RESPONSES_STORE", "register_responses_routes", "responses_mode"]
 
 log = logging.getLogger("toolpair")
 
 RESPONSES_STORE: web.AppKey[StoredResponses] = web.AppKey("responses_store")
 _DROPPED_SEEN: web.AppKey[set[str]] = web.AppKey("responses_dropped_seen")
-_PATHS = ("/v1/responses", "/responses")
+RESPONSES_PATHS = ("/v1/responses", "/responses")
 _DROPPED_HEADER = "X-Toolpair-Dropped-Tools"
 _STORE_HEADER = "X-Toolpair-Store"  # "failed": answered, but the store lost it (see _keep)
 _ENGINE_HEADERS = CREDENTIAL_HEADERS  # what a translated request takes from the client (its engine key)
@@ -61,19 +62,35 @@ def responses_mode(settings: Settings) -> ApiMode:
 
 
 def register_responses_routes(app: web.Application) -> None:
-    """Add the Responses routes for this app's mode; call before the catch-all route."""
+    """Add the Responses routes for this app's mode; call before the catch-all route.
+
+    A mode that can only be native (named, or the named engine's) serves nothing but its POST;
+    otherwise each request takes the mode of the engine found now (a sidecar finds it after it
+    listens), so the store is there for when it is ``translate``.
+    """
     settings = app[SETTINGS]
-    if responses_mode(settings) is ApiMode.NATIVE:
-        for path in _PATHS:
+    fixed = settings.responses_mode is not ApiMode.AUTO or settings.engine_kind is not EngineKind.AUTO
+    if fixed and responses_mode(settings) is ApiMode.NATIVE:
+        for path in RESPONSES_PATHS:
             app.router.add_post(path, native_response)
         return
     app[RESPONSES_STORE] = create_response_store(settings)
     app.cleanup_ctx.append(_store_lifetime)
     app[_DROPPED_SEEN] = set()
-    for path in _PATHS:
-        app.router.add_post(path, create_response)
-        app.router.add_get(path + "/{response_id}", get_response)
-        app.router.add_delete(path + "/{response_id}", delete_response)
+    for path in RESPONSES_PATHS:
+        app.router.add_post(path, _by_mode(native_response, create_response))
+        app.router.add_get(path + "/{response_id}", _by_mode(passthrough, get_response))
+        app.router.add_delete(path + "/{response_id}", _by_mode(passthrough, delete_response))
+
+
+def _by_mode(native: Handler, translated: Handler) -> Handler:
+    """The handler for the mode of the engine found now."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        mode = request.app[ENGINE_WATCH].mode(RESPONSES_PATHS[0])
+        return await (native if mode is ApiMode.NATIVE else translated)(request)
+
+    return handle
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
