@@ -18,7 +18,7 @@ engine's own formatter. Pure: text in, text out.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -30,7 +30,32 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
 
-__all__ = ["compiled", "render_prompt"]
+__all__ = ["FORMATTER_NAMES", "compiled", "render_prompt", "request_template_kwargs"]
+
+FORMATTER_NAMES = frozenset(
+    {
+        "messages",
+        "functions",
+        "function_call",
+        "tools",
+        "tool_choice",
+        "eos_token",
+        "bos_token",
+        "raise_exception",
+        "add_generation_prompt",
+        "strftime_now",
+    }
+)
+"""What the engine's Jinja formatter hands the template itself: a request's template kwargs do not replace these."""
+
+
+def request_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's ``chat_template_kwargs`` as the template sees them: all but the formatter's own names.
+
+    >>> request_template_kwargs({"enable_thinking": False, "messages": []})
+    {'enable_thinking': False}
+    """
+    return {k: v for k, v in (kwargs or {}).items() if k not in FORMATTER_NAMES}
 
 
 def _raise_exception(message: str) -> None:
@@ -88,11 +113,14 @@ def render_prompt(
     tool_choice: Any = None,
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
+    ``template_kwargs``: a request's ``chat_template_kwargs`` (``enable_thinking``), which the engine adds
+    to what the template sees (:func:`engine_launcher.engine_main.take_template_kwargs_per_request`).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     ...               "{% if add_generation_prompt %}<assistant>{% endif %}",
@@ -113,6 +141,7 @@ def render_prompt(
             tools=tools,
             tool_choice=tool_choice,
             strftime_now=strftime_now,
+            **request_template_kwargs(template_kwargs),
         )
 
     if as_transformers:

@@ -207,7 +207,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
+    plan = plan_native(
+        raw,
+        engine_model=settings.messages_model,
+        normalize_stamp=settings.normalize_billing_stamp,
+        thinking_switch=request.app[ENGINE_CLIENT].setup.profile.template_kwargs,
+    )
     trace_of(request).order("anthropic", plan.report)
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
     async with (
@@ -328,7 +333,12 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 async def _count_native(request: web.Request, raw: bytes) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     try:
-        plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
+        plan = plan_native(
+            raw,
+            engine_model=settings.messages_model,
+            normalize_stamp=settings.normalize_billing_stamp,
+            thinking_switch=request.app[ENGINE_CLIENT].setup.profile.template_kwargs,
+        )
         headers = forwardable_headers(request.headers, _NATIVE_DROP)
         async with (
             request.app[ENGINE_CLIENT].admitted(request) as call,

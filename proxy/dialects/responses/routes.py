@@ -102,7 +102,8 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 async def native_response(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    plan = plan_native_request(await read_body(request, settings.max_body_bytes))
+    switch = request.app[ENGINE_CLIENT].setup.profile.template_kwargs
+    plan = plan_native_request(await read_body(request, settings.max_body_bytes), thinking_switch=switch)
     trace_of(request).order("responses", plan.report)
     headers = forwardable_headers(request.headers, ("accept-encoding",))
     async with (
