@@ -31,6 +31,7 @@ from proxy.http.keys import ADMISSION, ENGINE_CLIENT, ENGINE_WATCH, SETTINGS, UP
 from proxy.http.middleware import ErrorMaps, error_middleware
 from proxy.http.probes import register_health_routes
 from proxy.http.relay import passthrough
+from proxy.http.routing import stamp_route
 from proxy.ops.auth import keys_required
 from proxy.ops.metrics import METRICS, metrics_handler
 from proxy.ops.operations import register_operations
@@ -111,6 +112,7 @@ def create_app(
     app[ENGINE_CLIENT] = EngineClient(upstream, watch, admission)
     app.cleanup_ctx.append(_upstream_ctx)
     register_operations(app, settings, upstream.base_url, error_middleware(ERROR_MAPS), metrics_path=not engine_metrics)
+    app.on_response_prepare.append(stamp_route)
     app.middlewares.append(_engine_gate(watch, frozenset((*CHAT_PATHS, MESSAGES_PATH, *RESPONSES_PATHS))))
     if engine_metrics:
         app.router.add_get(

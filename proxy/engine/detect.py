@@ -140,13 +140,16 @@ def engine_lines(settings: Settings, found: Detection | None) -> list[str]:
         ]
     how = f"detected: {found.how}" if found.detected and found.kind is not EngineKind.GENERIC else found.how
     modes = api_modes(settings)
+    planned = settings.responses_mode is ApiMode.AUTO and modes["/v1/responses"] is ApiMode.NATIVE
+    responses = (
+        "native when the engine takes it whole, else translated (X-Toolpair-Route says which)"
+        if planned
+        else _mode_text(modes["/v1/responses"])
+    )
     return [
         f"  engine:         {settings.engine_kind.value} ({how})",
         f"  changes:        {_CHANGES.get(settings.engine_kind, '')}",
-        "  /v1/messages:   "
-        + _mode_text(modes["/v1/messages"])
-        + "   /v1/responses: "
-        + _mode_text(modes["/v1/responses"]),
+        "  /v1/messages:   " + _mode_text(modes["/v1/messages"]) + "   /v1/responses: " + responses,
     ]
 
 

@@ -91,6 +91,10 @@ class EngineProfile:
     template_kwargs: bool = False
     """Takes ``chat_template_kwargs`` per request, so a thinking control reaches the template's
     ``enable_thinking`` (:mod:`proxy.engine.thinking`); else its native routes get the client's own."""
+    native_responses_tools: frozenset[str] = frozenset()
+    """Tool types its own ``/v1/responses`` takes whole (others go through toolpair's translation)."""
+    native_responses_strict: bool = False
+    """Its own ``/v1/responses`` refuses shapes real clients send (see :mod:`proxy.engine.route`)."""
     logprobs: bool = True
     """Serves logprobs (llama-cpp-python only when started with ``logits_all``: a setting, engine_logprobs)."""
 
@@ -142,6 +146,9 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         images_in_tool_results=True,
         refuses_unseen_media=True,
         template_kwargs=True,
+        # Any other tool type it skips, answering 200 without it ("unsupported Responses tool type ... skipped").
+        native_responses_tools=frozenset({"function"}),
+        native_responses_strict=True,
     ),
     EngineKind.GENERIC: EngineProfile(
         kind=EngineKind.GENERIC,

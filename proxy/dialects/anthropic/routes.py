@@ -38,12 +38,14 @@ from proxy.dialects.anthropic.errors import native_error
 from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
 from proxy.dialects.anthropic.request import TranslationPlan, plan_native, plan_translation
 from proxy.engine.client import EngineCall, prepare_chat_body
+from proxy.engine.route import plan_route
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, ENGINE_WATCH, SETTINGS
 from proxy.http.relay import relay
+from proxy.http.routing import note_route
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
@@ -173,7 +175,10 @@ def _credentials(request: web.Request) -> dict[str, str]:
 async def messages(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.max_body_bytes)
-    if request.app[ENGINE_WATCH].mode(MESSAGES_PATH) is ApiMode.NATIVE:
+    profile = request.app[ENGINE_CLIENT].setup.profile
+    route = plan_route(MESSAGES_PATH, None, settings.messages_mode, ApiMode.AUTO.resolve(profile.kind), profile)
+    note_route(request, "anthropic", route)
+    if route.mode is ApiMode.NATIVE:
         return await _native(request, raw)
     plan = plan_translation(
         raw,

@@ -18,10 +18,9 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from proxy._types import Body
-from proxy.config import ApiMode, EngineKind, Settings
+from proxy.config import ApiMode, Settings
 from proxy.dialects.chat.request import decode_body
 from proxy.dialects.responses.request import (
     ResponsesPlan,
@@ -32,11 +31,13 @@ from proxy.dialects.responses.request import (
 from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.adapt import refuse_responses_logprobs
+from proxy.engine.route import plan_route
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
-from proxy.http.keys import ENGINE_CLIENT, ENGINE_WATCH, SETTINGS
-from proxy.http.relay import passthrough, relay
+from proxy.http.keys import ENGINE_CLIENT, SETTINGS
+from proxy.http.relay import relay
+from proxy.http.routing import note_route
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
@@ -64,13 +65,13 @@ def responses_mode(settings: Settings) -> ApiMode:
 def register_responses_routes(app: web.Application) -> None:
     """Add the Responses routes for this app's mode; call before the catch-all route.
 
-    A mode that can only be native (named, or the named engine's) serves nothing but its POST;
-    otherwise each request takes the mode of the engine found now (a sidecar finds it after it
-    listens), so the store is there for when it is ``translate``.
+    ``native`` named serves nothing but its POST (the rest goes to the engine as it is); otherwise
+    each POST takes the route its plan gives (:func:`proxy.engine.route.plan_route`: native when
+    the engine found now takes it whole, else translated), so the store is there for the
+    translated ones.
     """
     settings = app[SETTINGS]
-    fixed = settings.responses_mode is not ApiMode.AUTO or settings.engine_kind is not EngineKind.AUTO
-    if fixed and responses_mode(settings) is ApiMode.NATIVE:
+    if settings.responses_mode is ApiMode.NATIVE:
         for path in RESPONSES_PATHS:
             app.router.add_post(path, native_response)
         return
@@ -78,19 +79,24 @@ def register_responses_routes(app: web.Application) -> None:
     app.cleanup_ctx.append(_store_lifetime)
     app[_DROPPED_SEEN] = set()
     for path in RESPONSES_PATHS:
-        app.router.add_post(path, _by_mode(native_response, create_response))
-        app.router.add_get(path + "/{response_id}", _by_mode(passthrough, get_response))
-        app.router.add_delete(path + "/{response_id}", _by_mode(passthrough, delete_response))
+        app.router.add_post(path, planned_response)
+        app.router.add_get(path + "/{response_id}", get_response)
+        app.router.add_delete(path + "/{response_id}", delete_response)
 
 
-def _by_mode(native: Handler, translated: Handler) -> Handler:
-    """The handler for the mode of the engine found now."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        mode = request.app[ENGINE_WATCH].mode(RESPONSES_PATHS[0])
-        return await (native if mode is ApiMode.NATIVE else translated)(request)
-
-    return handle
+async def planned_response(request: web.Request) -> web.StreamResponse:
+    """Native or translated, as this request's plan says."""
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, settings.max_body_bytes)
+    profile = request.app[ENGINE_CLIENT].setup.profile
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None  # either route answers it with a 400
+    kind_mode = ApiMode.AUTO.resolve(profile.kind)
+    plan = plan_route(RESPONSES_PATHS[0], data, settings.responses_mode, kind_mode, profile)
+    note_route(request, "responses", plan)
+    return await (native_response if plan.mode is ApiMode.NATIVE else create_response)(request)
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
