@@ -32,7 +32,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
 
-__all__ = ["TemplateSandbox", "compiled", "render_prompt", "template_inputs"]
+__all__ = [
+    "FORMATTER_NAMES",
+    "TemplateSandbox",
+    "compiled",
+    "render_prompt",
+    "request_template_kwargs",
+    "template_inputs",
+]
 
 _LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort"})
 _given_lists: ContextVar[frozenset[int] | None] = ContextVar("given_lists", default=None)
@@ -79,6 +86,32 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
         if type(obj) is list and attr in _LIST_METHODS and given is not None and id(obj) not in given:
             return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
         return super().is_safe_attribute(obj, attr, value)
+
+
+FORMATTER_NAMES = frozenset(
+    {
+        "messages",
+        "functions",
+        "function_call",
+        "tools",
+        "tool_choice",
+        "eos_token",
+        "bos_token",
+        "raise_exception",
+        "add_generation_prompt",
+        "strftime_now",
+    }
+)
+"""What the engine's Jinja formatter hands the template itself: a request's template kwargs do not replace these."""
+
+
+def request_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's ``chat_template_kwargs`` as the template sees them: all but the formatter's own names.
+
+    >>> request_template_kwargs({"enable_thinking": False, "messages": []})
+    {'enable_thinking': False}
+    """
+    return {k: v for k, v in (kwargs or {}).items() if k not in FORMATTER_NAMES}
 
 
 def _raise_exception(message: str) -> None:
@@ -134,14 +167,15 @@ def render_prompt(
     tool_choice: Any = None,
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
-    variables: Mapping[str, Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
-    ``variables``: more template variables (``enable_thinking``, ...), under the ones above.
+    ``template_kwargs``: a request's ``chat_template_kwargs`` (``enable_thinking``), which the engine adds
+    to what the template sees (:func:`engine_launcher.engine_main.take_template_kwargs_per_request`).
     ``add_generation_prompt`` False renders a finished conversation (the model's own turns as written).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
@@ -155,7 +189,7 @@ def render_prompt(
         with template_inputs(messages, tools, tool_choice):
             return template.render(
                 {
-                    **(variables or {}),
+                    **request_template_kwargs(template_kwargs),
                     "messages": messages,
                     "eos_token": eos_token,
                     "bos_token": bos_token,

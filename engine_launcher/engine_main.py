@@ -16,23 +16,24 @@ carries one row (1 MiB) instead of up to n_batch rows, and neither step copies
 or writes the rest. And the cache counts each entry's logits and token arrays
 against its bound, so ``cache_size`` is what the cache holds.
 
-Also here, before the model loads: :func:`keep_weights_off_amx`, and
-:func:`render_chat_templates_as_models_expect`.
+Also here, before the model loads: :func:`keep_weights_off_amx`,
+:func:`render_chat_templates_as_models_expect`, and :func:`take_template_kwargs_per_request`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import importlib
 import os
 import runpy
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from engine_launcher.backends import truthy
-from engine_launcher.chat_template import TemplateSandbox, template_inputs
+from engine_launcher.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
 from engine_launcher.template_file import template_file_parts
 from engine_launcher.tool_call_arguments import render_with_object_arguments
 
@@ -43,6 +44,7 @@ __all__ = [
     "load_without_extra_buffers",
     "main",
     "render_chat_templates_as_models_expect",
+    "take_template_kwargs_per_request",
 ]
 
 AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
@@ -129,6 +131,54 @@ def render_chat_templates_as_models_expect() -> None:
     chat_format._toolpair_templates = True
 
 
+_REQUEST_TEMPLATE_KWARGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "request_template_kwargs", default=None
+)
+"""The ``chat_template_kwargs`` of the chat request being formatted now (set around one call)."""
+
+
+def take_template_kwargs_per_request() -> None:
+    """Have the engine take ``chat_template_kwargs`` in each chat request, as llama-server does.
+
+    llama-cpp-python (0.3.36) reads them only once, from its settings at model load, and drops the
+    field from a request; so a client's (or toolpair's, :mod:`proxy.engine.thinking`) thinking
+    switch, ``enable_thinking``, never reached the template. Here the request model gains the
+    field, the chat call keeps it aside for the length of the call (the prompt is formatted
+    inside it, for streams too), and the Jinja formatter adds it to what the template sees; the
+    request's keys win over the load-time ones. Call before the server module is imported.
+    """
+    types: Any = importlib.import_module("llama_cpp.server.types")
+    llama: Any = importlib.import_module("llama_cpp.llama")
+    chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
+    pydantic: Any = importlib.import_module("pydantic")  # the engine's dependency, not toolpair's
+    if getattr(types, "_toolpair_template_kwargs", False):
+        return
+    request_model = types.CreateChatCompletionRequest
+    with_kwargs = pydantic.create_model(
+        request_model.__name__,
+        __base__=request_model,
+        chat_template_kwargs=(dict[str, Any] | None, None),
+    )
+    with_kwargs.__doc__ = request_model.__doc__
+    create = llama.Llama.create_chat_completion
+    format_prompt = chat_format.Jinja2ChatFormatter.__call__
+
+    def create_with_template_kwargs(self: Any, *args: Any, chat_template_kwargs: Any = None, **kwargs: Any) -> Any:
+        token = _REQUEST_TEMPLATE_KWARGS.set(chat_template_kwargs or None)
+        try:
+            return create(self, *args, **kwargs)
+        finally:
+            _REQUEST_TEMPLATE_KWARGS.reset(token)
+
+    def format_with_request_kwargs(self: Any, **kwargs: Any) -> Any:
+        return format_prompt(self, **{**kwargs, **request_template_kwargs(_REQUEST_TEMPLATE_KWARGS.get())})
+
+    types.CreateChatCompletionRequest = with_kwargs
+    llama.Llama.create_chat_completion = create_with_template_kwargs
+    chat_format.Jinja2ChatFormatter.__call__ = format_with_request_kwargs
+    types._toolpair_template_kwargs = True
+
+
 def extra_buffer_types() -> list[str]:
     """The names of the CPU backend's extra weight buffer types in the loaded ggml (``AMX``, ``CPU_REPACK``, ...).
 
@@ -201,6 +251,7 @@ def main() -> None:
     sys.argv = [module, *sys.argv[2:]]
     bound_prompt_cache()
     render_chat_templates_as_models_expect()
+    take_template_kwargs_per_request()
     keep_weights_off_amx()
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

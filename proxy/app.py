@@ -10,24 +10,28 @@ middleware (:mod:`proxy.http.middleware`) turns them into responses in the route
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from proxy.config import Settings
 from proxy.dialects.anthropic.errors import anthropic_error
-from proxy.dialects.anthropic.routes import register_anthropic_routes
+from proxy.dialects.anthropic.routes import MESSAGES_PATH, register_anthropic_routes
 from proxy.dialects.chat.routes import chat_completions
-from proxy.dialects.responses.routes import register_responses_routes
+from proxy.dialects.responses.routes import RESPONSES_PATHS, register_responses_routes
 from proxy.engine.client import Admission, EngineClient, admit_all
-from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
+from proxy.engine.watch import EngineWatch
 from proxy.errors import Dialect
 from proxy.http.engine_metrics import engine_metrics_handler
-from proxy.http.keys import ADMISSION, ENGINE, ENGINE_CLIENT, SETTINGS, UPSTREAM
+from proxy.http.keys import ADMISSION, ENGINE_CLIENT, ENGINE_WATCH, SETTINGS, UPSTREAM
 from proxy.http.middleware import ErrorMaps, error_middleware
 from proxy.http.probes import register_health_routes
 from proxy.http.relay import passthrough
+from proxy.http.routing import stamp_route
 from proxy.ops.auth import keys_required
 from proxy.ops.metrics import METRICS, metrics_handler
 from proxy.ops.operations import register_operations
@@ -35,8 +39,8 @@ from proxy.ops.paths import METRICS_PATH
 
 __all__ = [
     "ADMISSION",
-    "ENGINE",
     "ENGINE_CLIENT",
+    "ENGINE_WATCH",
     "Admission",
     "create_app",
     "SETTINGS",
@@ -52,8 +56,25 @@ ERROR_MAPS: ErrorMaps = {Dialect.ANTHROPIC: anthropic_error}
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     upstream = app[UPSTREAM]
     await upstream.start()
+    # Not awaited: the port is bound at once, whatever the engine does (proxy.engine.watch).
+    watching = asyncio.create_task(app[ENGINE_WATCH].run(upstream), name="engine-watch")
     yield
+    watching.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watching
     await upstream.close()
+
+
+def _engine_gate(watch: EngineWatch, paths: frozenset[str]) -> Middleware:
+    """API requests wait for the engine to be found: until it answers, a 503 in the API's shape says so."""
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "POST" and request.path in paths:
+            await watch.known(request.app[UPSTREAM])
+        return await handler(request)
+
+    return gate
 
 
 def create_app(
@@ -62,13 +83,18 @@ def create_app(
     admission: Admission = admit_all,
     *,
     engine_metrics: bool = True,
+    find_engine: bool = False,
+    chat_template: str | None = None,
 ) -> web.Application:
     """Build the proxy application for ``settings`` (sidecar mode needs ``settings.upstream``).
 
     ``engine_metrics`` serves the engine's ``/metrics`` with toolpair's appended (a sidecar); false
-    serves toolpair's alone there (``toolpair serve``, whose engine has none).
+    serves toolpair's alone there (``toolpair serve``, whose engine has none). ``find_engine`` tells
+    an ``engine_kind`` of ``auto`` by asking the upstream, in the background once the app runs
+    (``toolpair proxy``); without it ``auto`` is ``generic``. ``chat_template``, the model's
+    template text (``--chat-template-file``), is followed for an engine found to leave calls in its text.
     """
-    setup = engine_setup(settings)
+    watch = EngineWatch(settings, find=find_engine, chat_template=chat_template)
     if upstream is None:
         if not settings.upstream:
             raise ValueError("an upstream URL is required")
@@ -78,16 +104,18 @@ def create_app(
             read_timeout=settings.upstream_read_timeout,
             api_key=settings.upstream_api_key,
             forward_credentials=not keys_required(settings),
-            reuses_connections=setup.profile.reuses_connections,
+            reuses_connections=watch.setup.profile.reuses_connections,
         )
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[UPSTREAM] = upstream
-    app[ENGINE] = setup
+    app[ENGINE_WATCH] = watch
     app[ADMISSION] = admission
-    app[ENGINE_CLIENT] = EngineClient(upstream, setup, admission)
+    app[ENGINE_CLIENT] = EngineClient(upstream, watch, admission)
     app.cleanup_ctx.append(_upstream_ctx)
     register_operations(app, settings, upstream.base_url, error_middleware(ERROR_MAPS), metrics_path=not engine_metrics)
+    app.on_response_prepare.append(stamp_route)
+    app.middlewares.append(_engine_gate(watch, frozenset((*CHAT_PATHS, MESSAGES_PATH, *RESPONSES_PATHS))))
     if engine_metrics:
         app.router.add_get(
             METRICS_PATH, engine_metrics_handler(app[METRICS], metrics_handler(app[METRICS])), name="metrics"

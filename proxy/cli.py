@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import shutil
 import sys
 import textwrap
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,9 +32,9 @@ from engine_launcher.template_check import (
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
-from proxy.engine.detect import PROBE_PATHS, Detection, ProbeAnswer, api_modes, resolve_engine
+from proxy.engine.detect import Detection, engine_lines, resolve_engine
 from proxy.engine.kinds import EngineKind
-from proxy.engine.plan import TOOL_CALL_FORMATS, engine_setup, follow_template
+from proxy.engine.plan import TOOL_CALL_FORMATS, engine_setup, settings_for_engine
 from proxy.engine.template_readback import read_back
 from proxy.normalize import cli as normalize_cli
 from proxy.ops.auth import keys_required, upstream_key_problem
@@ -463,29 +459,31 @@ def load_proxy_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def resolve_proxy_settings(settings: Settings) -> tuple[Settings, Detection]:
-    """What ``toolpair proxy`` runs with: the engine found (asked when ``auto``), and what the chat template teaches.
+def proxy_template(settings: Settings) -> str | None:
+    """The ``--chat-template-file`` (``chat_template:``) text, read once at start-up; None without one."""
+    return _template_file(settings.chat_template).text if settings.chat_template else None
 
-    A ``--chat-template-file`` (``chat_template:``) sets the tool-call format and open reasoning
-    (:func:`~proxy.engine.plan.follow_template`) for an engine that leaves calls in its text; an
-    engine that parses calls itself keeps its own reading.
+
+def resolve_proxy_settings(settings: Settings) -> tuple[Settings, Detection | None]:
+    """What ``toolpair proxy`` starts with: a named engine resolved now, and what its chat template teaches.
+
+    A ``--chat-template-file`` sets the tool-call format and open reasoning
+    (:func:`~proxy.engine.plan.settings_for_engine`) for an engine that leaves calls in its text.
+    An ``engine_kind`` of ``auto`` stays so: the engine is found in the background, and the same
+    rule is applied to what is found (:class:`~proxy.engine.watch.EngineWatch`).
     """
-    template = _template_file(settings.chat_template) if settings.chat_template else None
-    answers = None
     if settings.engine_kind is EngineKind.AUTO:
-        assert settings.upstream is not None  # load_proxy_settings requires one
-        answers = probe_upstream(settings.upstream, wait=settings.engine_ready_wait)
-    settings, found = resolve_engine(settings, answers)
-    if template is not None and not engine_setup(settings).profile.parses_tool_calls:
-        settings = follow_template(settings, template.text)
-    return settings, found
+        return settings, None
+    settings, found = resolve_engine(settings, None)
+    return settings_for_engine(settings, proxy_template(settings)), found
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
     settings = load_proxy_settings(args)
     _setup_logging(settings)
+    template = proxy_template(settings)
     settings, found = resolve_proxy_settings(settings)
-    app = create_app(settings)
+    app = create_app(settings, find_engine=True, chat_template=template)  # auto: found in the background
     for line in proxy_banner(settings, found).splitlines():  # one record a line: JSON logs stay one object a line
         logging.getLogger("toolpair").info("%s", line)
     web.run_app(
@@ -500,47 +498,10 @@ def _run_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
-def probe_upstream(base_url: str, *, wait: float, timeout: float = 5.0) -> list[ProbeAnswer]:
-    """Ask the upstream what it is (:data:`~proxy.engine.detect.PROBE_PATHS`); the decision is detect_engine's.
+def proxy_banner(settings: Settings, found: Detection | None) -> str:
+    """What ``toolpair proxy`` says at start-up: the engine (when named) and what each path does.
 
-    An upstream that does not answer yet (a sidecar started beside its engine) is asked again,
-    once a second, for up to ``wait`` seconds; then whatever was gathered is returned.
-    """
-    deadline = time.monotonic() + wait
-    said = False
-    while True:
-        answers = [_probe(base_url.rstrip("/") + path, path, timeout) for path in PROBE_PATHS]
-        if any(a.status is not None for a in answers) or time.monotonic() >= deadline:
-            return answers
-        if not said:
-            logging.getLogger("toolpair").info(
-                "the upstream does not answer yet (%s); asking again for up to %gs to tell what engine it is",
-                answers[0].error,
-                wait,
-            )
-            said = True
-        time.sleep(1.0)
-
-
-def _probe(url: str, path: str, timeout: float) -> ProbeAnswer:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, headers, raw = response.status, response.headers, response.read(1 << 20)
-    except urllib.error.HTTPError as exc:  # an answer all the same, with its headers
-        status, headers, raw = exc.code, exc.headers, exc.read(1 << 20)
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return ProbeAnswer(path, error=str(reason))
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    return ProbeAnswer(path, status, {k.lower(): v for k, v in headers.items()}, body)
-
-
-def proxy_banner(settings: Settings, found: Detection) -> str:
-    """What ``toolpair proxy`` says at start-up: the engine it found and how, and what each path does.
+    A detected engine is not known yet when this is said: the log says what was found, and when.
 
     >>> from proxy.engine.detect import detect_engine, ProbeAnswer
     >>> found = detect_engine([ProbeAnswer("/health", 200, {"server": "llama.cpp"})])
@@ -550,13 +511,6 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
     """
     base = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '', '::') else settings.host}:{settings.port}"
     upstream = public_url(settings.upstream or "")
-    how = f"detected: {found.how}" if found.detected and found.kind is not EngineKind.GENERIC else found.how
-    modes = api_modes(settings)
-    adapted = {
-        EngineKind.GENERIC: "nothing but the order of tool results",
-        EngineKind.LLAMA_SERVER: "the order of tool results; tool_choice allowed_tools narrowed (docs/engine.md)",
-        EngineKind.LLAMA_CPP_PYTHON: "requests reshaped to fit it, tool calls read out of its text (docs/engine.md)",
-    }.get(settings.engine_kind, "")
     credentials = (
         "toolpair checks its own keys; the engine gets upstream_api_key"
         if keys_required(settings) and settings.upstream_api_key
@@ -566,13 +520,8 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
     )
     lines = [
         f"toolpair {__version__} in front of {upstream}, listening on {base}",
-        f"  engine:         {settings.engine_kind.value} ({how})",
-        f"  changes:        {adapted}",
+        *engine_lines(settings, found),
         *_tool_call_lines(settings),
-        "  /v1/messages:   "
-        + _mode_text(modes["/v1/messages"])
-        + "   /v1/responses: "
-        + _mode_text(modes["/v1/responses"]),
         f"  /metrics:       the engine's own, toolpair's families appended; toolpair's alone: {TOOLPAIR_METRICS_PATH}",
         f"  credentials:    {credentials}",
         "  override:       --engine-kind, --messages-mode, --responses-mode",
@@ -584,15 +533,13 @@ def proxy_banner(settings: Settings, found: Detection) -> str:
 
 def _tool_call_lines(settings: Settings) -> list[str]:
     """The banner's line on how tool calls are read out of the engine's text, where they are."""
+    if settings.engine_kind is EngineKind.AUTO:
+        return []  # not known until the engine is found: the log says then
     if engine_setup(settings).profile.parses_tool_calls or settings.tool_call_format == "none":
         return []
     source = f"from {settings.chat_template}" if settings.chat_template else "no --chat-template-file"
     think = "; the prompt opens <think>" if settings.think_in_prompt else ""
     return [f"  tool calls:     {settings.tool_call_format} ({source}){think}"]
-
-
-def _mode_text(mode: ApiMode) -> str:
-    return "native (the engine serves it)" if mode is ApiMode.NATIVE else "translated to Chat Completions"
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -128,6 +128,7 @@ class Settings:
     tool_call_format: str = "auto"
     reasoning: bool = True
     think_in_prompt: bool = False
+    think_follows_switch: bool = False
     reasoning_markers: list[str] = field(default_factory=lambda: ["<think>", "</think>"])
     tool_call_ids: str = "any"
     vision: bool = False

@@ -296,8 +296,63 @@ async def test_qwen35_reasoning_opened_by_its_prompt_goes_to_the_reasoning_field
         "It is sunny in Paris.",
     ]
     assert streamed == {"reasoning": QWEN35_REASONING, "content": "It is sunny in Paris."}
+    # Thinking off: the template closes the block in the prompt, so the reply is all content.
+    unthinking = {"grammar": exact_text_grammar("It is sunny."), "chat_template_kwargs": {"enable_thinking": False}}
+    async with client(qwen35_served) as api:
+        off = await api.chat.completions.create(model="m", messages=messages, max_tokens=20, extra_body=unthinking)
+    assert [(off.choices[0].message.model_extra or {}).get("reasoning_content"), off.choices[0].message.content] == [
+        None,
+        "It is sunny.",
+    ]
     # Anthropic has no grammar field: the model writes what it likes, and it starts inside <think>.
     async with AsyncAnthropic(base_url=qwen35_served, api_key="any", max_retries=0, timeout=120) as anthropic:
         answer = await anthropic.messages.create(model="m", max_tokens=24, messages=messages)
     assert answer.content and answer.content[0].type == "thinking"
     assert not any("think>" in getattr(block, "text", "") for block in answer.content)
+
+
+# --- the thinking switch reaches a template that reads it -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """serve with Qwen3's own template: ``enable_thinking`` false adds an empty think block to the prompt."""
+    tmp = tmp_path_factory.mktemp("qwen3-template")
+    text = (Path(survey.fetch_templates()) / "Qwen-Qwen3-0.6B.jinja").read_text()
+    config = tmp / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": text, "bos_token": "", "eos_token": "<|im_end|>"}))
+    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
+    try:
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        assert "Traceback" not in err.read_text()
+
+
+async def test_anthropic_thinking_turns_the_templates_switch_and_count_tokens_follows(qwen3_served: str) -> None:
+    ask: list[Any] = [{"role": "user", "content": "Is 7 prime?"}]
+    read: dict[str, int] = {}
+    async with AsyncAnthropic(base_url=qwen3_served, api_key="any", max_retries=0, timeout=120) as api:
+        for kind in ("adaptive", "disabled"):
+            thinking: Any = {"type": kind}
+            answer = await api.messages.create(model="m", max_tokens=1, messages=ask, thinking=thinking)
+            counted = await api.messages.count_tokens(model="m", messages=ask, thinking=thinking)
+            read[kind] = answer.usage.input_tokens
+            assert counted.input_tokens == read[kind], kind
+    assert read["disabled"] > read["adaptive"]  # "<think>\n\n</think>\n\n": the engine saw enable_thinking false
+
+
+async def test_chat_reasoning_effort_none_turns_thinking_off_in_serve(qwen3_served: str) -> None:
+    read: dict[str, int] = {}
+    async with client(qwen3_served) as api:
+        for effort in ("high", "none"):
+            answer = await api.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "Is 7 prime?"}],
+                max_tokens=1,
+                extra_body={"reasoning_effort": effort},
+            )
+            assert answer.usage is not None
+            read[effort] = answer.usage.prompt_tokens
+    assert read["none"] > read["high"]

@@ -45,6 +45,7 @@ from proxy.engine.queueing import EnginePool, conversation_key
 from proxy.engine.stop_sequences import EndMarkerGuard, strip_end_marker_prefix
 from proxy.engine.toolcalls import ChunkExtractor, IdSource, extract_completion, random_call_id
 from proxy.engine.upstream import EngineTarget, Upstream
+from proxy.engine.watch import EngineWatch
 from proxy.errors import UpstreamError, UpstreamStatusError, UpstreamTimeoutError
 from proxy.ops.trace import note_toolcalls
 from proxy.order import OrderReport, order_chat_results
@@ -237,13 +238,18 @@ class ChunkDecoder:
 class EngineClient:
     """The app's way to the engine: its upstream, what kind of engine it is, and the admission."""
 
-    def __init__(self, upstream: Upstream, setup: EngineSetup, admission: Admission = admit_all) -> None:
+    def __init__(self, upstream: Upstream, engine: EngineWatch, admission: Admission = admit_all) -> None:
         self.upstream = upstream
-        self.setup = setup
+        self.engine = engine
         self._admission = admission
         # Affinity only matters with several engines to choose from; otherwise the key (a hash of the
         # system prompt, tens of KB for an agent) would be computed on every request for nothing.
         self._affinity = isinstance(admission, EnginePool) and len(admission.engines) > 1
+
+    @property
+    def setup(self) -> EngineSetup:
+        """The setup for the engine found now (the watch owns it: a sidecar's engine may change)."""
+        return self.engine.setup
 
     @asynccontextmanager
     async def admitted(self, request: web.Request, chat: Body | None = None) -> AsyncIterator[EngineCall]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from proxy.config import ApiMode, EngineKind, Settings
 
-__all__ = ["PROBE_PATHS", "Detection", "ProbeAnswer", "api_modes", "detect_engine", "resolve_engine"]
+__all__ = ["PROBE_PATHS", "Detection", "ProbeAnswer", "api_modes", "detect_engine", "engine_lines", "resolve_engine"]
 
 PROBE_PATHS = ("/health", "/props")
 """What the edge asks the upstream, in order: both GETs, without a body."""
@@ -114,3 +114,44 @@ def api_modes(settings: Settings) -> dict[str, ApiMode]:
         "/v1/messages": settings.messages_mode.resolve(settings.engine_kind),
         "/v1/responses": settings.responses_mode.resolve(settings.engine_kind),
     }
+
+
+_CHANGES = {
+    EngineKind.GENERIC: "nothing but the order of tool results",
+    EngineKind.LLAMA_SERVER: "the order of tool results; tool_choice allowed_tools narrowed (docs/engine.md)",
+    EngineKind.LLAMA_CPP_PYTHON: "requests reshaped to fit it, tool calls read out of its text (docs/engine.md)",
+}
+
+
+def engine_lines(settings: Settings, found: Detection | None) -> list[str]:
+    """The banner's lines on the engine: what it is and how that was told, what toolpair changes, each API's route.
+
+    ``found`` None: nothing answered yet (``toolpair proxy`` listens at once and finds it in the background).
+
+    >>> print(engine_lines(Settings(), None)[0])
+      engine:         not known yet: toolpair asks the upstream in the background (the log says what and when)
+    >>> found = detect_engine([ProbeAnswer("/health", 200, {"server": "llama.cpp"})])
+    >>> print(engine_lines(Settings(engine_kind="llama-server"), found)[0])
+      engine:         llama-server (detected: /health answered with "Server: llama.cpp")
+    """
+    if found is None:
+        return [
+            "  engine:         not known yet: toolpair asks the upstream in the background (the log says what and when)"
+        ]
+    how = f"detected: {found.how}" if found.detected and found.kind is not EngineKind.GENERIC else found.how
+    modes = api_modes(settings)
+    planned = settings.responses_mode is ApiMode.AUTO and modes["/v1/responses"] is ApiMode.NATIVE
+    responses = (
+        "native when the engine takes it whole, else translated (X-Toolpair-Route says which)"
+        if planned
+        else _mode_text(modes["/v1/responses"])
+    )
+    return [
+        f"  engine:         {settings.engine_kind.value} ({how})",
+        f"  changes:        {_CHANGES.get(settings.engine_kind, '')}",
+        "  /v1/messages:   " + _mode_text(modes["/v1/messages"]) + "   /v1/responses: " + responses,
+    ]
+
+
+def _mode_text(mode: ApiMode) -> str:
+    return "native (the engine serves it)" if mode is ApiMode.NATIVE else "translated to Chat Completions"

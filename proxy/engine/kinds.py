@@ -88,6 +88,13 @@ class EngineProfile:
     """A route that counts tokens of a text: ``{"input": str}`` -> ``{"count": int}``."""
     reuses_connections: bool = True
     """A kept-alive connection stays usable after a failed request (else each request gets a fresh one)."""
+    template_kwargs: bool = False
+    """Takes ``chat_template_kwargs`` per request, so a thinking control reaches the template's
+    ``enable_thinking`` (:mod:`proxy.engine.thinking`); else its native routes get the client's own."""
+    native_responses_tools: frozenset[str] = frozenset()
+    """Tool types its own ``/v1/responses`` takes whole (others go through toolpair's translation)."""
+    native_responses_strict: bool = False
+    """Its own ``/v1/responses`` refuses shapes real clients send (see :mod:`proxy.engine.route`)."""
     logprobs: bool = True
     """Serves logprobs (llama-cpp-python only when started with ``logits_all``: a setting, engine_logprobs)."""
     call_id_form: str = "any"
@@ -117,6 +124,8 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         # After a stream that fails inside it, its server announces keep-alive
         # but closes the socket, so the next request on that connection breaks.
         reuses_connections=False,
+        # toolpair's engine (engine_launcher.engine_main) reads it per request.
+        template_kwargs=True,
     ),
     EngineKind.LLAMA_SERVER: EngineProfile(
         kind=EngineKind.LLAMA_SERVER,
@@ -139,6 +148,10 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         audio_and_files=True,
         images_in_tool_results=True,
         refuses_unseen_media=True,
+        template_kwargs=True,
+        # Any other tool type it skips, answering 200 without it ("unsupported Responses tool type ... skipped").
+        native_responses_tools=frozenset({"function"}),
+        native_responses_strict=True,
     ),
     EngineKind.GENERIC: EngineProfile(
         kind=EngineKind.GENERIC,

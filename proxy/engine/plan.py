@@ -42,6 +42,21 @@ class EngineSetup:
     think_in_prompt: bool
     think_markers: tuple[str, str] = ("<think>", "</think>")
     """The model's reasoning markers, opening and closing (``reasoning_markers``)."""
+    think_follows_switch: bool = False
+    """The prompt opens the block exactly when ``enable_thinking`` is on: Qwen3.5 (open by default) closes
+    it for ``false``, QwQ (closed by default) opens it for ``true``."""
+
+    def think_open(self, template_kwargs: object) -> bool:
+        """Whether this request's prompt ends inside the reasoning block, given its ``chat_template_kwargs``.
+
+        >>> setup = EngineSetup(GENERIC.profile, "auto", True, True, think_follows_switch=True)
+        >>> setup.think_open({"enable_thinking": False}), setup.think_open(None)
+        (False, True)
+        """
+        switch = template_kwargs.get("enable_thinking") if isinstance(template_kwargs, dict) else None
+        if self.think_follows_switch and isinstance(switch, bool):
+            return switch
+        return self.think_in_prompt
 
     @property
     def sees_images(self) -> bool:
@@ -75,8 +90,24 @@ def engine_setup(settings: Settings) -> EngineSetup:
     if len(markers) != 2 or not all(isinstance(m, str) and m for m in markers):
         raise ConfigError(f"reasoning_markers: two nonempty strings (opening, closing), got {markers!r}")
     return EngineSetup(
-        profile, settings.tool_call_format, settings.reasoning, settings.think_in_prompt, (markers[0], markers[1])
+        profile,
+        settings.tool_call_format,
+        settings.reasoning,
+        settings.think_in_prompt,
+        (markers[0], markers[1]),
+        settings.think_follows_switch,
     )
+
+
+def settings_for_engine(settings: Settings, template: str | None) -> Settings:
+    """``settings`` for the engine they name, with ``template`` (the model's chat template) followed where it counts.
+
+    Only an engine that leaves tool calls in its text needs the template's teaching
+    (:func:`follow_template`); one that parses them itself (llama-server, vLLM) keeps its own reading.
+    """
+    if template is None or engine_setup(settings).profile.parses_tool_calls:
+        return settings
+    return follow_template(settings, template)
 
 
 def follow_template(settings: Settings, template: str) -> Settings:
@@ -100,6 +131,9 @@ def follow_template(settings: Settings, template: str) -> Settings:
     reasoning = template_reasoning(template)  # rendered as the engine renders it
     if not settings.think_in_prompt and reasoning is not None:
         changes["think_in_prompt"] = reasoning.opens_in_prompt
+    if not settings.think_follows_switch and reasoning is not None:
+        on, off = (template_reasoning(template, {"enable_thinking": switch}) for switch in (True, False))
+        changes["think_follows_switch"] = bool(on and on.opens_in_prompt) and not (off and off.opens_in_prompt)
     if reasoning is not None and settings.reasoning_markers == list(DEFAULT_REASONING_MARKERS):
         changes["reasoning_markers"] = [reasoning.open, reasoning.close]
     if settings.tool_call_ids == ANY:
@@ -157,7 +191,7 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
     options = ExtractOptions(
         calls=fmt if tools else None,
         reasoning=reasoning,
-        think_open=setup.think_in_prompt,
+        think_open=setup.think_open(body.get("chat_template_kwargs")),
         think_markers=setup.think_markers,
         parallel=body.get("parallel_tool_calls") is not False,
         tools=tools,

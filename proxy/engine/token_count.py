@@ -157,6 +157,7 @@ class ChatTemplate:
                 eos_token=self.eos_token,
                 tools=view["tools"],
                 tool_choice=view["tool_choice"],
+                template_kwargs=kwargs if isinstance(kwargs := body.get("chat_template_kwargs"), dict) else None,
             )
         except Exception as exc:  # jinja2 raises anything a template does
             raise TemplateError(f"chat template failed on this request: {exc}") from exc

@@ -5,8 +5,8 @@ engine does. ``GET /ready`` is readiness: 200 only while requests can be
 served. What "ready" means depends on who runs the engine, so the app holds a
 :data:`READINESS` check:
 
-- sidecar (the default here): the upstream answers ``GET /health`` with a status
-  below 500 (llama-server and vLLM answer 503 while they load; an engine without
+- sidecar (the default here): the engine was found (:mod:`proxy.engine.watch`) and
+  answers ``GET /health`` with a status below 500 (llama-server and vLLM answer 503 while they load; an engine without
   the route answers 404, which still shows it is up);
 - ``toolpair serve`` replaces it with the managed engine's state.
 """
@@ -19,8 +19,9 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.engine.watch import EngineWatch
 from proxy.errors import UpstreamError
-from proxy.http.keys import UPSTREAM
+from proxy.http.keys import ENGINE_WATCH, UPSTREAM
 from proxy.ops.paths import HEALTH_PATH, READY_PATH
 
 __all__ = ["HEALTH_PATH", "READINESS", "READY_PATH", "Readiness", "register_health_routes"]
@@ -34,17 +35,27 @@ _PROBE_TIMEOUT = 5.0
 
 def _upstream_probe(app: web.Application) -> Readiness:
     async def upstream_ready() -> tuple[bool, dict[str, Any]]:
-        upstream = app[UPSTREAM]
+        upstream, watch = app[UPSTREAM], app[ENGINE_WATCH]
+        if not watch.answering:  # not found yet, or gone: ask now rather than at the watch's next turn
+            await watch.detect(upstream)
+            if not watch.answering:
+                return False, {"engine": watch.describe()}
         try:
             async with asyncio.timeout(_PROBE_TIMEOUT), upstream.open("GET", HEALTH_PATH, {}, None) as response:
                 status = response.status
         except UpstreamError as exc:
-            return False, {"upstream": {"error": exc.message}}
+            watch.lost(exc.message)
+            return False, {"upstream": {"error": exc.message}, **_engine(watch)}
         except TimeoutError:
-            return False, {"upstream": {"error": f"no answer within {_PROBE_TIMEOUT:g}s"}}
-        return status < 500, {"upstream": {"status": status}}
+            return False, {"upstream": {"error": f"no answer within {_PROBE_TIMEOUT:g}s"}, **_engine(watch)}
+        return status < 500, {"upstream": {"status": status}, **_engine(watch)}
 
     return upstream_ready
+
+
+def _engine(watch: EngineWatch) -> dict[str, Any]:
+    """What /ready says of the engine found: nothing for a named kind, which was not looked for."""
+    return {} if watch.named else {"engine": watch.describe()}
 
 
 async def health(request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ Exported (all prefixed ``toolpair_``)::
     engine_instance_requests_total{engine}  requests given to each engine (serve --parallel N)
     prompt_tokens_total{route}              prompt tokens reported in usage
     completion_tokens_total{route}          completion tokens reported in usage
+    api_routes_total{api,route,reason}      Messages/Responses requests by the route taken (proxy.engine.route)
     build_info{version}                     always 1
 
 No ``*_created`` series, and reading (``/metrics``, ``/toolpair/metrics``,
@@ -153,6 +154,12 @@ class Metrics:
         self.prompt_tokens = Counter("toolpair_prompt_tokens", "Prompt tokens reported in usage", ["route"], registry=r)
         self.completion_tokens = Counter(
             "toolpair_completion_tokens", "Completion tokens reported in usage", ["route"], registry=r
+        )
+        self.api_routes = Counter(
+            "toolpair_api_routes",
+            "Messages and Responses requests by the route they took (native or translate) and why",
+            ["api", "route", "reason"],
+            registry=r,
         )
         Gauge("toolpair_build_info", "toolpair version", ["version"], registry=r).labels(__version__).set(1)
         for api in APIS:

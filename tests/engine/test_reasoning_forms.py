@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from proxy.config import Settings
+from proxy.engine.plan import engine_setup, follow_template, reply_plan
 from proxy.engine.toolcalls import (
     Content,
     ExtractOptions,
@@ -94,3 +96,29 @@ def test_any_split_of_a_familys_reasoning_gives_the_same_events(markers: tuple[s
     for cut in range(1, len(text)):
         assert _events(options, [text[:cut], text[cut:]]) == whole, cut
     assert _events(options, list(text)) == whole
+
+
+@pytest.mark.parametrize(
+    ("name", "default", "follows"),
+    [
+        ("Qwen3.5-4B", True, True),
+        ("Qwen-QwQ-32B", False, True),
+        ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", True, False),
+    ],
+)
+def test_a_requests_thinking_switch_decides_whether_its_reply_starts_in_reasoning(
+    templates: Path, name: str, default: bool, follows: bool
+) -> None:
+    """Qwen3.5 closes the prompt's block for ``enable_thinking: false``, QwQ opens it for true; R1 always opens it."""
+    settings = follow_template(Settings(engine_kind="llama-cpp-python"), (templates / f"{name}.jinja").read_text())
+    setup = engine_setup(settings)
+    assert [settings.think_in_prompt, settings.think_follows_switch] == [default, follows]
+    opened = {}
+    for switch in (None, True, False):
+        body: dict[str, object] = {"messages": [{"role": "user", "content": "Hi"}]}
+        if switch is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": switch}
+        plan = reply_plan(body, setup)
+        assert plan is not None
+        opened[switch] = plan.extract.think_open
+    assert opened == {None: default, True: default or follows, False: default and not follows}

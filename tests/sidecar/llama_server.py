@@ -62,10 +62,12 @@ def _spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> 
     )
 
 
-def start_llama_server(binary: Path, log_dir: Path, *extra: str, timeout: float = 180.0) -> Process:
-    """llama-server with the bundled model and ``--jinja`` on a free port; ready once ``/health`` is 200."""
+def start_llama_server(
+    binary: Path, log_dir: Path, *extra: str, timeout: float = 180.0, port: int | None = None
+) -> Process:
+    """llama-server with the bundled model and ``--jinja`` on ``port`` (else a free one); ready at ``/health`` 200."""
     model = bundled_model()
-    port = free_port()
+    port = port or free_port()
     log = log_dir / f"llama-server-{port}.log"
     command = [str(binary), "-m", str(model), "--jinja", "--host", "127.0.0.1", "--port", str(port)]
     command += ["-c", "4096", "-np", "2", "-t", "2", *extra]
@@ -82,8 +84,13 @@ def start_llama_server(binary: Path, log_dir: Path, *extra: str, timeout: float 
     raise RuntimeError(f"llama-server did not start:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def start_sidecar(log_dir: Path, upstream: str, *args: str, env: dict[str, str] | None = None) -> Process:
-    """``toolpair proxy --upstream URL`` as a new user runs it (no other flags unless given)."""
+def start_sidecar(
+    log_dir: Path, upstream: str, *args: str, env: dict[str, str] | None = None, ready: bool = True
+) -> Process:
+    """``toolpair proxy --upstream URL`` as a new user runs it (no other flags unless given).
+
+    Returned once ``/ready`` is 200 (the engine found), or with ``ready`` false once ``/health`` is.
+    """
     port = free_port()
     log = log_dir / f"toolpair-{port}.log"
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPAIR_")}
@@ -92,8 +99,9 @@ def start_sidecar(log_dir: Path, upstream: str, *args: str, env: dict[str, str] 
     process = _spawn(command, log, base_env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
+    probe = url + ("/ready" if ready else "/health")
     while time.monotonic() < deadline and process.poll() is None:
-        if _status(url + "/health") == 200:
+        if _status(probe) == 200:
             return Process(process, url, log)
         time.sleep(0.1)
     if process.poll() is None:

@@ -166,7 +166,7 @@ def received_json(stack: Stack, path: str) -> tuple[Any, dict[str, str]]:
 def test_a_new_user_sees_llama_server_detected_in_the_banner(stack: Stack) -> None:
     log = stack.toolpair.log.read_text()
     assert 'engine:         llama-server (detected: /health answered with "Server: llama.cpp"' in log, log
-    assert "/v1/messages:   native (the engine serves it)   /v1/responses: native (the engine serves it)" in log
+    assert "/v1/messages:   native (the engine serves it)   /v1/responses: native when the engine takes it whole" in log
     assert stack.hop is not None and stack.hop.paths()[:2] == ["/health", "/props"]  # how it told
 
 
@@ -332,3 +332,59 @@ async def test_count_tokens_is_llama_servers_count_with_the_clients_key(stack: S
     through = await send(stack.keyed_toolpair.url, "/v1/messages/count_tokens", body, key)
     assert direct.status == through.status == 200
     assert through.json() == direct.json() and through.headers["X-Toolpair-Token-Count"] == "exact"
+
+
+# --- the route plan: native only when llama-server takes the request whole
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+REFUSED_BY_LLAMA_SERVER = {
+    "assistant_item_without_type": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+        {"role": "user", "content": "again"},
+    ],
+    "reasoning_without_content": [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "summary": [], "encrypted_content": "opaque"},
+        *RESPONSES_CALLS,
+        RESPONSES_A,
+        RESPONSES_B,
+    ],
+    "tool_output_parts": [
+        {"role": "user", "content": ASK},
+        *RESPONSES_CALLS,
+        {**RESPONSES_A, "output": [{"type": "output_text", "text": "print('a')"}]},
+        RESPONSES_B,
+    ],
+}
+
+
+@pytest.mark.parametrize("reason", list(REFUSED_BY_LLAMA_SERVER))
+async def test_a_shape_llama_server_refuses_is_answered_through_the_translation(stack: Stack, reason: str) -> None:
+    body = {"model": "m", "max_output_tokens": 4, "tools": RESPONSES_TOOLS, "input": REFUSED_BY_LLAMA_SERVER[reason]}
+    direct = await send(stack.engine.url, "/v1/responses", body)
+    assert direct.status == 400, direct.body  # llama-server's own converter refuses it
+    through = await send(stack.toolpair.url, "/v1/responses", body)
+    assert through.status == 200, through.body
+    assert through.headers["X-Toolpair-Route"] == f"translate; reason={reason}"
+    assert through.json()["object"] == "response"
+
+
+async def test_codex_tools_all_reach_llama_server_and_a_whole_request_stays_native(stack: Stack) -> None:
+    codex = orjson.loads((FIXTURES / "codex_0_169_request.json").read_bytes())
+    codex.update(stream=False, max_output_tokens=4)
+    through = await send(stack.toolpair.url, "/v1/responses", codex)
+    assert through.status == 200, through.body
+    assert through.headers["X-Toolpair-Route"] == "translate; reason=tool_type"
+    sent, _ = received_json(stack, "/v1/chat/completions")
+    names = {t["function"]["name"] for t in sent["tools"]}
+    assert {"exec_command", "multi_agent_v1__spawn_agent", "get_goal"} <= names  # namespace tools kept
+    plain = await send(stack.toolpair.url, "/v1/responses", responses_body([RESPONSES_B, RESPONSES_A]))
+    assert plain.status == 200 and plain.headers["X-Toolpair-Route"] == "native; reason=whole"
+    assert received_json(stack, "/v1/responses")[0]["input"][-2:] == [RESPONSES_A, RESPONSES_B]
+    anthropic = await send(stack.toolpair.url, "/v1/messages", anthropic_body([ANTHROPIC_A, ANTHROPIC_B]))
+    assert anthropic.headers["X-Toolpair-Route"] == "native; reason=whole"
+    metrics = await send(stack.toolpair.url, "/toolpair/metrics", method="GET")
+    text = metrics.body.decode()
+    assert 'toolpair_api_routes_total{api="responses",reason="tool_type",route="translate"}' in text
+    assert 'toolpair_api_routes_total{api="responses",reason="whole",route="native"}' in text

@@ -35,10 +35,12 @@ class ProxyFactory:
         self.upstream = upstream
         self._runners: list[web.AppRunner] = []
 
-    async def __call__(self, *, admission: Admission = admit_all, **settings: Any) -> str:
+    async def __call__(self, *, admission: Admission = admit_all, find_engine: bool = False, **settings: Any) -> str:
+        """``find_engine``: an ``auto`` engine kind is asked for, as ``toolpair proxy`` does (else it is generic)."""
         options: dict[str, Any] = {"upstream": self.upstream, "connect_timeout": 2.0, "upstream_read_timeout": 5.0}
         options.update(settings)
-        runner, url = await start_app(create_app(Settings(**options), admission=admission))
+        app = create_app(Settings(**options), admission=admission, find_engine=find_engine)
+        runner, url = await start_app(app)
         self._runners.append(runner)
         return url
 

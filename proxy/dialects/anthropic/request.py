@@ -22,6 +22,7 @@ import orjson
 
 from proxy._types import Body, Message, Messages
 from proxy.dialects.chat.request import decode_body
+from proxy.engine.thinking import anthropic_switch, with_switch
 from proxy.errors import ClientInputError
 from proxy.order import OrderReport, order_anthropic_results
 
@@ -392,34 +393,25 @@ def stop_sequences(body: Body) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
-
-
-def thinking_fields(thinking: object, output_config: object = None) -> Body:
+def thinking_fields(thinking: object, output_config: object = None, template_kwargs: object = None) -> Body:
     """The ``thinking`` setting and ``output_config`` as the fields chat engines read.
 
-    ``enabled``, ``adaptive`` and ``between_tools`` turn the template's thinking switch on
-    (``chat_template_kwargs.enable_thinking``, read by llama-server, vLLM and
-    Qwen-style templates), ``disabled`` turns it off; ``output_config.effort``
-    becomes ``reasoning_effort`` and ``output_config.format`` a JSON-schema
-    ``response_format``. Engines that know none of these ignore them.
+    The thinking switch is :func:`proxy.engine.thinking.anthropic_switch`'s: ``enabled``,
+    ``adaptive`` and ``between_tools`` turn the template's ``enable_thinking`` on, ``disabled`` off,
+    an ``enabled`` budget becomes llama-server's ``reasoning_budget_tokens``; ``output_config.effort``
+    becomes ``reasoning_effort`` (top level, as Chat engines read it, and for the template) and
+    ``output_config.format`` a JSON-schema ``response_format``. Engines that know none of these
+    ignore them. ``template_kwargs``, the client's own ``chat_template_kwargs``, wins key by key.
 
     >>> thinking_fields({"type": "adaptive"}, {"effort": "max"})
-    {'chat_template_kwargs': {'enable_thinking': True}, 'reasoning_effort': 'high'}
+    {'reasoning_effort': 'high', 'chat_template_kwargs': {'enable_thinking': True, 'reasoning_effort': 'high'}}
     """
-    fields: Body = {}
-    if isinstance(thinking, dict):
-        kind = thinking.get("type")
-        if kind in ("enabled", "adaptive", "between_tools"):
-            fields["chat_template_kwargs"] = {"enable_thinking": True}
-        elif kind == "disabled":
-            fields["chat_template_kwargs"] = {"enable_thinking": False}
-    elif thinking is not None:
-        raise ClientInputError("thinking must be an object", param="thinking")
+    switch = anthropic_switch(thinking, output_config)
+    fields: Body = {"reasoning_effort": switch.effort} if switch.effort else {}
+    if template_kwargs is not None:
+        fields["chat_template_kwargs"] = template_kwargs
+    fields = with_switch(fields, switch)
     if isinstance(output_config, dict):
-        effort = output_config.get("effort")
-        if isinstance(effort, str) and effort in _EFFORTS:
-            fields["reasoning_effort"] = _EFFORTS[effort]
         output_format = output_config.get("format")
         if isinstance(output_format, dict) and output_format.get("type") == "json_schema":
             schema = output_format.get("schema")
@@ -456,7 +448,8 @@ def translate_request(body: Body, *, engine_model: str | None = None) -> Body:
     else:
         tool_choice_fields(body.get("tool_choice"))  # still checked
     chat.update(sampling_fields(body))
-    chat.update(thinking_fields(body.get("thinking"), body.get("output_config")))
+    # chat_template_kwargs is not Anthropic's, but a client may send its own for the template: it is kept.
+    chat.update(thinking_fields(body.get("thinking"), body.get("output_config"), body.get("chat_template_kwargs")))
     return chat
 
 
@@ -592,14 +585,29 @@ class NativePlan:
     report: OrderReport
 
 
-def plan_native(raw: bytes, *, engine_model: str | None = None, normalize_stamp: bool = True) -> NativePlan:
+def plan_native(
+    raw: bytes, *, engine_model: str | None = None, normalize_stamp: bool = True, thinking_switch: bool = False
+) -> NativePlan:
     """Decode, normalize, order and re-serialize only if something changed.
+
+    ``thinking_switch``: the engine reads ``chat_template_kwargs`` (llama-server, whose own
+    Messages route maps no ``thinking`` to it), so ``thinking`` and ``output_config.effort`` are
+    added there (:func:`proxy.engine.thinking.with_switch`; the budget does not pass that route).
+    A control the engine would refuse is left for it to refuse.
 
     >>> raw = b'{"model": "claude", "messages": []}'
     >>> plan_native(raw).body is raw
     True
+    >>> plan_native(b'{"messages": [], "thinking": {"type": "disabled"}}', thinking_switch=True).body
+    b'{"messages":[],"thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":false}}'
     """
     data, prepared, report = _prepare(raw, normalize_stamp)
     if engine_model and prepared.get("model") != engine_model:
         prepared = {**prepared, "model": engine_model}
+    if thinking_switch:
+        try:
+            switch = anthropic_switch(prepared.get("thinking"), prepared.get("output_config"))
+            prepared = with_switch(prepared, switch, budget=False)
+        except ClientInputError:
+            pass  # the engine's own answer to it stands
     return NativePlan(raw if prepared is data else orjson.dumps(prepared), report)

@@ -38,18 +38,21 @@ from proxy.dialects.anthropic.errors import native_error
 from proxy.dialects.anthropic.events import MessageEvents, MessageFrames
 from proxy.dialects.anthropic.request import TranslationPlan, plan_native, plan_translation
 from proxy.engine.client import EngineCall, prepare_chat_body
+from proxy.engine.route import plan_route
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.http.body import read_body
-from proxy.http.keys import ENGINE_CLIENT, SETTINGS
+from proxy.http.keys import ENGINE_CLIENT, ENGINE_WATCH, SETTINGS
 from proxy.http.relay import relay
+from proxy.http.routing import note_route
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
 __all__ = [
     "ANTHROPIC",
     "COUNT_HEADER",
+    "MESSAGES_PATH",
     "AnthropicState",
     "messages_mode",
     "register_anthropic_routes",
@@ -135,7 +138,6 @@ class EngineTokenizer:
 class AnthropicState:
     """Per-app state of the Anthropic routes."""
 
-    mode: ApiMode
     template: ChatTemplate | None
     tokenizer: EngineTokenizer
 
@@ -157,7 +159,7 @@ def register_anthropic_routes(app: web.Application) -> None:
             template = ChatTemplate.from_file(settings.count_tokens_template)
         except TemplateError as exc:
             raise ConfigError(str(exc)) from None
-    app[ANTHROPIC] = AnthropicState(messages_mode(settings), template, EngineTokenizer())
+    app[ANTHROPIC] = AnthropicState(template, EngineTokenizer())
     app.router.add_post(MESSAGES_PATH, messages)
     app.router.add_post(COUNT_TOKENS_PATH, count_tokens)
 
@@ -173,7 +175,10 @@ def _credentials(request: web.Request) -> dict[str, str]:
 async def messages(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.max_body_bytes)
-    if request.app[ANTHROPIC].mode is ApiMode.NATIVE:
+    profile = request.app[ENGINE_CLIENT].setup.profile
+    route = plan_route(MESSAGES_PATH, None, settings.messages_mode, ApiMode.AUTO.resolve(profile.kind), profile)
+    note_route(request, "anthropic", route)
+    if route.mode is ApiMode.NATIVE:
         return await _native(request, raw)
     plan = plan_translation(
         raw,
@@ -207,7 +212,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
+    plan = plan_native(
+        raw,
+        engine_model=settings.messages_model,
+        normalize_stamp=settings.normalize_billing_stamp,
+        thinking_switch=request.app[ENGINE_CLIENT].setup.profile.template_kwargs,
+    )
     trace_of(request).order("anthropic", plan.report)
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
     async with (
@@ -297,7 +307,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, settings.max_body_bytes)
     except ToolpairError:
         return _count_response(estimate_tokens(request.content_length or settings.max_body_bytes), "estimate")
-    if state.mode is ApiMode.NATIVE:
+    if request.app[ENGINE_WATCH].mode(MESSAGES_PATH) is ApiMode.NATIVE:
         return await _count_native(request, raw)
     try:
         plan = plan_translation(
@@ -328,7 +338,12 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 async def _count_native(request: web.Request, raw: bytes) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     try:
-        plan = plan_native(raw, engine_model=settings.messages_model, normalize_stamp=settings.normalize_billing_stamp)
+        plan = plan_native(
+            raw,
+            engine_model=settings.messages_model,
+            normalize_stamp=settings.normalize_billing_stamp,
+            thinking_switch=request.app[ENGINE_CLIENT].setup.profile.template_kwargs,
+        )
         headers = forwardable_headers(request.headers, _NATIVE_DROP)
         async with (
             request.app[ENGINE_CLIENT].admitted(request) as call,

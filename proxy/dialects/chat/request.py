@@ -9,6 +9,7 @@ import orjson
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
+from proxy.engine.thinking import chat_switch, with_switch
 from proxy.errors import ClientInputError
 from proxy.order import NO_RUNS, OrderReport, order_chat_results
 
@@ -90,5 +91,9 @@ def plan_engine_request(raw: bytes, setup: EngineSetup) -> EnginePlan:
     """
     chat = plan_chat_request(raw)
     data, adapted = adapt_chat_request(chat.data, setup.profile)
+    if setup.profile.template_kwargs:  # reasoning_effort also as the template's switch (the client's kwargs win)
+        switched = with_switch(data, chat_switch(data))
+        if switched is not data:
+            data, adapted = switched, (*adapted, "thinking_switch")
     body = chat.body if data is chat.data else orjson.dumps(data)
     return EnginePlan(body, data, chat.report, adapted, reply_plan(data, setup))

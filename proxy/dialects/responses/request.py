@@ -20,6 +20,7 @@ Reference: https://platform.openai.com/docs/api-reference/responses
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ import orjson
 from proxy._types import Body, Messages
 from proxy.dialects.chat.request import decode_body
 from proxy.engine.adapt import responses_logprobs_asked
+from proxy.engine.thinking import responses_switch, with_switch
 from proxy.errors import ClientInputError
 from proxy.order import NO_RUNS, OrderReport, order_responses_items
 
@@ -582,9 +584,21 @@ def translate_request(data: Body, history: Messages | None = None, *, sees_image
     if response_format is not None:
         chat["response_format"] = response_format
     chat.update(_sampling(data))
+    chat = _thinking(chat, data)
     if stream:
         chat["stream_options"] = {"include_usage": True}
     return ResponsesPlan(chat, stream, store, ToolMap(refs), tuple(dropped), items, report, _echo(data))
+
+
+def _thinking(chat: Body, data: Body) -> Body:
+    """``reasoning.effort`` as Chat's ``reasoning_effort`` and the template's switch; the client's kwargs win."""
+    switch = responses_switch(data.get("reasoning"))
+    effort = data["reasoning"].get("effort") if switch.asked else None
+    if isinstance(effort, str) and effort != "none":
+        chat["reasoning_effort"] = switch.effort
+    if "chat_template_kwargs" in data:
+        chat["chat_template_kwargs"] = data["chat_template_kwargs"]
+    return with_switch(chat, switch)
 
 
 @dataclass(frozen=True)
@@ -598,17 +612,27 @@ class NativePlan:
     report: OrderReport
 
 
-def plan_native_request(raw: bytes) -> NativePlan:
+def plan_native_request(raw: bytes, *, thinking_switch: bool = False) -> NativePlan:
     """Validate a Responses body and restore call order of its output runs, for native forwarding.
+
+    ``thinking_switch``: the engine reads ``chat_template_kwargs`` (llama-server maps
+    ``reasoning.effort`` to the template's ``reasoning_effort`` but never turns ``enable_thinking``
+    on or off), so ``reasoning.effort`` is added there as well.
 
     >>> plan_native_request(b'{"input": "hi"}').body
     b'{"input": "hi"}'
+    >>> plan_native_request(b'{"reasoning": {"effort": "none"}}', thinking_switch=True).body
+    b'{"reasoning":{"effort":"none"},"chat_template_kwargs":{"enable_thinking":false}}'
     """
     data = decode_body(raw)
+    switched = data
+    if thinking_switch:
+        with contextlib.suppress(ClientInputError):  # a control the engine would refuse: its answer stands
+            switched = with_switch(data, responses_switch(data.get("reasoning")))
     items = data.get("input")
     if CALL_MARKER not in raw or not isinstance(items, list):
-        return NativePlan(raw, NO_RUNS)
+        return NativePlan(raw if switched is data else orjson.dumps(switched), NO_RUNS)
     ordered, report = order_responses_items(items)
     if ordered is items:
-        return NativePlan(raw, report)
-    return NativePlan(orjson.dumps({**data, "input": ordered}), report)
+        return NativePlan(raw if switched is data else orjson.dumps(switched), report)
+    return NativePlan(orjson.dumps({**switched, "input": ordered}), report)

@@ -31,21 +31,23 @@ from proxy.dialects.responses.request import (
 from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.adapt import refuse_responses_logprobs
+from proxy.engine.route import plan_route
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, SETTINGS
 from proxy.http.relay import relay
+from proxy.http.routing import note_route
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
-__all__ = ["RESPONSES_STORE", "register_responses_routes", "responses_mode"]
+__all__ = ["RESPONSES_PATHS", "RESPONSES_STORE", "register_responses_routes", "responses_mode"]
 
 log = logging.getLogger("toolpair")
 
 RESPONSES_STORE: web.AppKey[StoredResponses] = web.AppKey("responses_store")
 _DROPPED_SEEN: web.AppKey[set[str]] = web.AppKey("responses_dropped_seen")
-_PATHS = ("/v1/responses", "/responses")
+RESPONSES_PATHS = ("/v1/responses", "/responses")
 _DROPPED_HEADER = "X-Toolpair-Dropped-Tools"
 _STORE_HEADER = "X-Toolpair-Store"  # "failed": answered, but the store lost it (see _keep)
 _ENGINE_HEADERS = CREDENTIAL_HEADERS  # what a translated request takes from the client (its engine key)
@@ -61,19 +63,40 @@ def responses_mode(settings: Settings) -> ApiMode:
 
 
 def register_responses_routes(app: web.Application) -> None:
-    """Add the Responses routes for this app's mode; call before the catch-all route."""
+    """Add the Responses routes for this app's mode; call before the catch-all route.
+
+    ``native`` named serves nothing but its POST (the rest goes to the engine as it is); otherwise
+    each POST takes the route its plan gives (:func:`proxy.engine.route.plan_route`: native when
+    the engine found now takes it whole, else translated), so the store is there for the
+    translated ones.
+    """
     settings = app[SETTINGS]
-    if responses_mode(settings) is ApiMode.NATIVE:
-        for path in _PATHS:
+    if settings.responses_mode is ApiMode.NATIVE:
+        for path in RESPONSES_PATHS:
             app.router.add_post(path, native_response)
         return
     app[RESPONSES_STORE] = create_response_store(settings)
     app.cleanup_ctx.append(_store_lifetime)
     app[_DROPPED_SEEN] = set()
-    for path in _PATHS:
-        app.router.add_post(path, create_response)
+    for path in RESPONSES_PATHS:
+        app.router.add_post(path, planned_response)
         app.router.add_get(path + "/{response_id}", get_response)
         app.router.add_delete(path + "/{response_id}", delete_response)
+
+
+async def planned_response(request: web.Request) -> web.StreamResponse:
+    """Native or translated, as this request's plan says."""
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, settings.max_body_bytes)
+    profile = request.app[ENGINE_CLIENT].setup.profile
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None  # either route answers it with a 400
+    kind_mode = ApiMode.AUTO.resolve(profile.kind)
+    plan = plan_route(RESPONSES_PATHS[0], data, settings.responses_mode, kind_mode, profile)
+    note_route(request, "responses", plan)
+    return await (native_response if plan.mode is ApiMode.NATIVE else create_response)(request)
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
@@ -85,7 +108,8 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 async def native_response(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    plan = plan_native_request(await read_body(request, settings.max_body_bytes))
+    switch = request.app[ENGINE_CLIENT].setup.profile.template_kwargs
+    plan = plan_native_request(await read_body(request, settings.max_body_bytes), thinking_switch=switch)
     trace_of(request).order("responses", plan.report)
     headers = forwardable_headers(request.headers, ("accept-encoding",))
     async with (

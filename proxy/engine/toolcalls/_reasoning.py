@@ -53,7 +53,7 @@ _ANSWER = "\u2063answer\u2063"
 
 def _render(template: str, messages: list[Any], variables: Mapping[str, Any]) -> str | None:
     try:
-        return render_prompt(template, messages, bos_token="", eos_token="", variables=variables)
+        return render_prompt(template, messages, bos_token="", eos_token="", template_kwargs=variables)
     except Exception:  # jinja2 raises anything a template does; this template then tells nothing here
         return None
 

@@ -409,7 +409,8 @@ async def test_a_claude_code_request_with_every_real_world_oddity(engine: MockEn
     assert slow["content"] == "Error: grep: slow.py: Permission denied"
     assert [t["function"]["name"] for t in sent["tools"]] == TOOL_NAMES
     assert sent["user"] == '{"device_id":"d1","account_uuid":"","session_id":"s1"}'
-    assert sent["chat_template_kwargs"] == {"enable_thinking": True} and sent["reasoning_effort"] == "high"
+    assert sent["chat_template_kwargs"] == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert sent["reasoning_effort"] == "high"
     assert sent["max_tokens"] == 32000 and sent["temperature"] == 1
     for absent in (b"cache_control", b"defer_loading", b"context_management", b"signature", b"output_config"):
         assert absent not in engine.last.body

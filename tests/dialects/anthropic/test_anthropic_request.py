@@ -365,11 +365,13 @@ def test_stop_sequences_are_not_sent_to_the_engine_but_kept_in_the_plan() -> Non
 @pytest.mark.parametrize(
     ("thinking", "config", "fields"),
     [
-        ({"type": "enabled", "budget_tokens": 2048}, None, {"chat_template_kwargs": {"enable_thinking": True}}),
+        ({"type": "enabled", "budget_tokens": 2048}, None,
+         {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_budget_tokens": 2048}),
         ({"type": "adaptive"}, {"effort": "medium"},
-         {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": "medium"}),
+         {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "medium"},
+          "reasoning_effort": "medium"}),
         ({"type": "disabled"}, None, {"chat_template_kwargs": {"enable_thinking": False}}),
-        (None, {"effort": "max"}, {"reasoning_effort": "high"}),
+        (None, {"effort": "max"}, {"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "high"}}),
         (None, {"effort": "unheard-of"}, {}),
         (None, {"format": {"type": "json_schema", "schema": {"type": "object"}}},
          {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}}),

@@ -1,0 +1,34 @@
+"""Acting on a route plan (:mod:`proxy.engine.route`): the log line, the metric, the response header.
+
+One place, so that both APIs that choose a route say the same things about it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from proxy.engine.route import ROUTE_HEADER, RoutePlan
+from proxy.ops.metrics import METRICS
+
+__all__ = ["note_route", "stamp_route"]
+
+log = logging.getLogger("toolpair")
+
+_PLAN = "toolpair_route_plan"
+"""Where the request keeps its plan until its response is prepared."""
+
+
+def note_route(request: web.Request, api: str, plan: RoutePlan) -> None:
+    """Log the plan at debug, count it, and keep it for the response header."""
+    log.debug("%s: %s (%s%s)", api, plan.mode.value, plan.reason, f": {plan.detail}" if plan.detail else "")
+    request.app[METRICS].api_routes.labels(api, plan.mode.value, plan.reason).inc()
+    request[_PLAN] = plan
+
+
+async def stamp_route(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: name the route in the answer, errors and streams included."""
+    plan = request.get(_PLAN)
+    if isinstance(plan, RoutePlan):
+        response.headers[ROUTE_HEADER] = plan.header
