@@ -36,7 +36,7 @@ from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
-from tests.test_backends import FakeProbes
+from tests.support.probes import FakeProbes
 
 ROOT = Path(__file__).resolve().parent.parent
 

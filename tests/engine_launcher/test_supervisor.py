@@ -320,7 +320,7 @@ def test_the_engine_dies_with_a_killed_toolpair() -> None:
         [sys.executable, "-c", PARENT, str(CHILD), str(port), "serve", f"http://127.0.0.1:{port}/docs"],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert parent.stdout is not None

@@ -22,7 +22,7 @@ import pytest
 
 from engine_launcher import models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 AS_ROOT = os.geteuid() == 0
 
 

@@ -34,7 +34,7 @@ from tests.engine.test_engine_real import TWO_CALLS_GRAMMAR
 from tests.real_engine import offloaded_layers
 from tests.test_serve import wait_ready
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Content-Type": "application/json"}
 VULKAN_PYTHON = Path(os.environ.get("TOOLPAIR_VULKAN_PYTHON") or ROOT / ".venv-vulkan" / "bin" / "python")
 
