@@ -34,7 +34,7 @@ from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.support.probes import FakeProbes
-from tests.test_serve import client, launch_serve, ready_status, wait_ready
+from tests.support.serve import client, launch_serve, ready_status, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 HI = [{"role": "user", "content": "Say hi."}]
