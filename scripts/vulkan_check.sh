@@ -36,7 +36,7 @@ echo "vulkan engine install: $(( $(now) - t ))s"
 
 echo "== toolpair serve on the Vulkan build: banner, offload, the three APIs"
 t=$(now)
-TOOLPAIR_VULKAN_PYTHON="$VULKAN_VENV/bin/python" .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_vulkan.py
+TOOLPAIR_VULKAN_PYTHON="$VULKAN_VENV/bin/python" .venv/bin/python -m pytest -q -p no:cacheprovider tests/engine_launcher/test_vulkan.py
 echo "serve tests: $(( $(now) - t ))s"
 
 echo "== the real-engine tests of the three APIs, with the Vulkan engine (every layer offloaded)"

@@ -13,7 +13,7 @@ from engine_launcher import engine_main
 from proxy.config import Settings
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine, start_real_engine
-from tests.support.proxies import MakeProxy, ProxyFactory, start_app
+from tests.support.proxies import MOCK_ENGINE_TIMEOUTS, MakeProxy, ProxyFactory, start_app
 from tests.support.survey import survey
 
 __all__ = ["Stack", "start_app"]  # start_app: imported from here by older tests
@@ -43,7 +43,15 @@ async def stack(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[Stac
 @pytest.fixture
 async def make_proxy(engine: MockEngine) -> AsyncIterator[MakeProxy]:
     """The one proxy factory: ``url = await make_proxy(**settings)`` in front of the mock engine."""
-    factory = ProxyFactory(engine.url)
+    factory = ProxyFactory(engine.url, **MOCK_ENGINE_TIMEOUTS)
+    yield factory
+    await factory.close()
+
+
+@pytest.fixture
+async def make_proxy_to() -> AsyncIterator[MakeProxy]:
+    """The same factory with no engine of its own: ``url = await make_proxy_to(upstream=URL, **settings)``."""
+    factory = ProxyFactory()
     yield factory
     await factory.close()
 

@@ -21,7 +21,7 @@ import orjson
 from engine_launcher.launch import free_port
 from proxy.sse import EventDecoder
 from tests.claude_code_fixture import claude_code_request
-from tests.test_serve import launch_serve, wait_ready
+from tests.support.serve import launch_serve, wait_ready
 
 PROMPT_EVALUATION_LIMIT = 1800.0
 """Seconds the whole request may take: about two minutes on an idle 2-core machine, many times that on a busy one."""

@@ -23,10 +23,10 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 import proxy
-from proxy.app import create_app
 from proxy.cli import build_parser
 from proxy.config import ENV_PREFIX, Settings, load_settings
 from proxy.ops.paths import HEALTH_PATH, PROBE_PATHS, READY_PATH
+from tests.support.proxies import proxy_app
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "config" / "deploy"
@@ -273,7 +273,7 @@ def test_ingress_hashes_sessions_onto_the_service_within_toolpair_limits() -> No
 @needs_serve
 @pytest.mark.parametrize("path", sorted(PROBE_PATHS))
 async def test_probe_paths_are_answered_by_toolpair_itself(path: str) -> None:
-    app = create_app(Settings(upstream="http://127.0.0.1:9", api_keys=["k"]))
+    app = proxy_app(Settings(upstream="http://127.0.0.1:9", api_keys=["k"]))
     match = await app.router.resolve(make_mocked_request("GET", path, app=app))
     assert isinstance(match, web.UrlMappingMatchInfo)
     assert match.route.name != "passthrough", f"{path} would be forwarded to the engine"

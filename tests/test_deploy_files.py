@@ -13,7 +13,7 @@ import pytest
 from engine_launcher.backends import Backend, detect_backend
 from proxy.cli import build_parser
 from proxy.http.probes import HEALTH_PATH, READY_PATH
-from tests.test_backends import FakeProbes
+from tests.support.probes import FakeProbes
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER_BACKENDS = ("cpu", "cuda", "hip", "sycl", "vulkan")

@@ -28,7 +28,7 @@ from aiohttp import web
 from tests.mock_engine import MockEngine, Received, completion
 from tests.real_engine import RealEngine
 from tests.support.proxies import MakeProxy
-from tests.test_serve import start_serve
+from tests.support.serve import start_serve
 
 ROOT = Path(__file__).resolve().parent.parent
 

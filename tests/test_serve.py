@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,44 +30,24 @@ from engine_launcher.backends import Backend, Detection, EngineDevices, SystemPr
 from engine_launcher.install import EngineRecord
 from engine_launcher.launch import free_port
 from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model
-from engine_launcher.process import die_with_parent
 from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
-from tests.test_backends import FakeProbes
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode().split("\0")[:-1]
-    except OSError:
-        return []
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = (Path("/proc") / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+from tests.support.conversations import assistant_calls, tool_result, weather_call
+from tests.support.probes import FakeProbes
+from tests.support.serve import (
+    alive,
+    children,
+    client,
+    cmdline,
+    launch_serve,
+    long_bias,
+    ready_status,
+    run_serve,
+    start_serve,
+    until_queue,
+)
 
 
 @dataclass
@@ -89,47 +68,6 @@ class Served:
 
     def log(self) -> str:
         return self.stderr.read_text(errors="replace")
-
-
-def launch_serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    out, err = tmp / "serve.out", tmp / "serve.err"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", *args],
-        stdout=out.open("wb"),
-        stderr=err.open("wb"),
-        env={**os.environ, **env},
-        cwd=ROOT,
-        preexec_fn=die_with_parent(),  # gone with the test run, even a killed one
-    )
-    return process, out, err
-
-
-async def wait_ready(url: str, process: subprocess.Popen[bytes], within: float = 180) -> None:
-    deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            assert process.poll() is None, "toolpair serve exited early"
-            try:
-                async with session.get(url + "/ready") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("toolpair serve did not become ready")
-
-
-def start_serve(tmp: Path, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
-    """``toolpair serve`` on a free port, returned once /ready answers 200 (or killed, with its log)."""
-    port = free_port()
-    process, out, err = launch_serve(tmp, "--port", str(port), *args, **env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, process))
-    except BaseException:
-        process.kill()
-        raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
-    return process, url, out, err
 
 
 @pytest.fixture(scope="module")
@@ -157,36 +95,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         assert not any(alive(pid) for pid in engines)
 
 
-def client(url: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=url + "/v1", api_key="whatever-the-client-has", max_retries=0, timeout=120)
-
-
-async def long_bias(url: str) -> dict[str, int]:
-    """logit_bias that bans every way the bundled model ends a turn, so it writes until max_tokens."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(url + "/extras/tokenize", json={"input": "<|im_end|>"}) as response,
-    ):
-        assert response.status == 200
-        tokens = (await response.json())["tokens"]
-    return {str(t): -100 for t in {*tokens, 1, 106}}
-
-
 STORY = [{"role": "user", "content": "Tell me a story."}]
-
-
-async def ready_status(url: str) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as session, session.get(url + "/ready") as response:
-        return response.status, await response.json()
-
-
-async def until_queue(url: str, waiting: int, within: float = 30) -> None:
-    """Poll /ready until the queue holds ``waiting`` requests."""
-    async with asyncio.timeout(within):
-        while True:
-            if (await ready_status(url))[1]["engine"]["queue"]["waiting"] == waiting:
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_serve_comes_up_answers_health_and_readiness_and_says_how_to_connect(served: Served) -> None:
@@ -239,16 +148,11 @@ async def test_chat_through_serve_non_stream_and_stream(served: Served) -> None:
     assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
 
 
-CALLS = {
-    "role": "assistant",
-    "content": "",
-    "tool_calls": [
-        {"id": "call_paris", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        {"id": "call_oslo", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
-    ],
-}
-PARIS = {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C and sunny"}
-OSLO = {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C and snowing"}
+CALLS = assistant_calls(
+    weather_call("call_paris", "Paris", compact=False), weather_call("call_oslo", "Oslo", compact=False), content=""
+)
+PARIS = tool_result("call_paris", "Paris: 18C and sunny")
+OSLO = tool_result("call_oslo", "Oslo: -3C and snowing")
 ASK = {"role": "user", "content": "What is the weather in Paris and in Oslo?"}
 
 
@@ -407,10 +311,7 @@ async def test_shutdown_lets_the_running_stream_finish_and_leaves_no_engine(serv
 
 def test_serve_check_has_the_engine_generate_and_says_why_when_it_cannot(tmp_path: Path) -> None:
     def check(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "proxy", "serve", "--check", "--ctx-size", "1024", *args],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )  # fmt: skip
+        return run_serve("--check", "--ctx-size", "1024", *args, timeout=300)
 
     done = check()
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

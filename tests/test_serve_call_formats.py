@@ -22,8 +22,8 @@ import pytest
 from engine_launcher.template_check import TOOL
 from tests.engine.test_toolcalls_deepseek import V31, v31_reply
 from tests.engine.test_toolcalls_harmony import GPT_OSS, gpt_oss_reply
+from tests.support.serve import client, start_serve
 from tests.support.template_replies import rendered_reply, template_text
-from tests.test_serve import client, start_serve
 
 KIMI_K2 = "Kimi-K2-Instruct"
 FAMILIES = {

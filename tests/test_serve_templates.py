@@ -23,8 +23,8 @@ from anthropic import AsyncAnthropic
 from engine_launcher.models import DEFAULT_TEMPLATE
 from engine_launcher.template_check import TOOL
 from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
-from tests.test_check_template import survey
-from tests.test_serve import client, start_serve
+from tests.support.serve import client, start_serve
+from tests.support.survey import survey
 
 
 def _call(call_id: str, arguments: Any) -> dict[str, Any]:

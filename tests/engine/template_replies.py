@@ -15,7 +15,7 @@ from typing import Any
 from engine_launcher.chat_template import render_prompt
 from proxy.engine.toolcalls import Content, Event, ExtractOptions, TextExtractor, ToolCall
 from tests.engine.test_toolcalls import counting_ids, merged
-from tests.test_check_template import survey
+from tests.support.survey import survey
 
 WEATHER = {
     "type": "object",

@@ -19,7 +19,7 @@ from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.call_ids import ANY, NINE_ALNUM, fits_form, rendered_ids, template_call_id_form
 from proxy.engine.kinds import engine_profile
 from proxy.engine.plan import engine_setup
-from tests.test_check_template import survey
+from tests.support.survey import survey
 
 NEMO = "mistralai-Mistral-Nemo-Instruct-2407"
 SMALL = "Mistral-Small-3.2-24B-Instruct-2506"

@@ -18,13 +18,13 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
 from proxy.config import Settings
 from proxy.engine.client import EngineCall
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
-from tests.conftest import Stack, start_app
+from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, answers, chunk, completion
+from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
@@ -50,12 +50,9 @@ def dumps(value: Any) -> str:
 
 
 @pytest.fixture
-async def lcp(engine: MockEngine) -> AsyncIterator[str]:
+async def lcp(make_proxy: MakeProxy) -> AsyncIterator[str]:
     """toolpair in front of the mock engine, told that it is llama-cpp-python."""
-    settings = Settings(upstream=engine.url, engine_kind="llama-cpp-python", upstream_read_timeout=5.0)
-    runner, url = await start_app(create_app(settings))
-    yield url
-    await runner.cleanup()
+    yield await make_proxy(engine_kind="llama-cpp-python", upstream_read_timeout=5.0)
 
 
 def sdk(url: str) -> AsyncOpenAI:

@@ -15,10 +15,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
-from proxy.config import Settings
-from tests.conftest import start_app
 from tests.real_engine import RealEngine
+from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
@@ -77,18 +75,16 @@ REFUSED: list[tuple[str, list[Any], dict[str, Any], int]] = [
 
 
 @pytest.fixture
-async def clients(real_engine: RealEngine) -> AsyncIterator[tuple[AsyncOpenAI, AsyncOpenAI]]:
+async def clients(real_engine: RealEngine, make_proxy_to: MakeProxy) -> AsyncIterator[tuple[AsyncOpenAI, AsyncOpenAI]]:
     """(through toolpair, straight to the engine)."""
-    settings = Settings(
+    url = await make_proxy_to(
         upstream=real_engine.url, engine_kind="llama-cpp-python", upstream_read_timeout=real_engine.read_timeout
     )
-    runner, url = await start_app(create_app(settings))
     through = AsyncOpenAI(base_url=url + "/v1", api_key=real_engine.api_key, max_retries=0)
     direct = AsyncOpenAI(base_url=real_engine.url + "/v1", api_key=real_engine.api_key, max_retries=0)
     yield through, direct
     await through.close()
     await direct.close()
-    await runner.cleanup()
 
 
 async def status_of(client: AsyncOpenAI, request: dict[str, Any]) -> int:

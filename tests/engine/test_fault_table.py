@@ -16,13 +16,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import Settings
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.real_engine import bundled_model, start_real_engine
 from tests.reliability.client import post, send
 from tests.reliability.streams import check_error_body, check_stream, frames_of
+from tests.support.proxies import MakeProxy
 
 Fault = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
 
@@ -96,14 +94,11 @@ ROWS = [("chat", "generic"), ("chat-decoded", "llama-cpp-python"), ("anthropic",
 
 
 @pytest.fixture
-async def proxies(engine: MockEngine) -> AsyncIterator[dict[str, str]]:
-    runners = {}
-    for kind in ("generic", "llama-cpp-python"):
-        settings = Settings(upstream=engine.url, engine_kind=kind, connect_timeout=2.0, upstream_read_timeout=3.0)
-        runners[kind] = await start_app(create_app(settings))
-    yield {kind: url for kind, (_, url) in runners.items()}
-    for runner, _ in runners.values():
-        await runner.cleanup()
+async def proxies(make_proxy: MakeProxy) -> AsyncIterator[dict[str, str]]:
+    yield {
+        kind: await make_proxy(engine_kind=kind, connect_timeout=2.0, upstream_read_timeout=3.0)
+        for kind in ("generic", "llama-cpp-python")
+    }
 
 
 def _api(route: str) -> str:
@@ -164,12 +159,11 @@ def _has_real_engine() -> bool:
 @pytest.mark.skipif(not _has_real_engine(), reason="needs llama-cpp-python and the bundled model")
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_prompt_longer_than_the_real_engines_context_is_a_400_on_every_api(
-    tmp_path: Path, stream: bool
+    tmp_path: Path, make_proxy_to: MakeProxy, stream: bool
 ) -> None:
     """llama-cpp-python answers a streamed prompt over n_ctx with an empty 200 stream; every API says why."""
     real = start_real_engine(tmp_path, n_ctx=256)
-    settings = Settings(upstream=real.url, engine_kind="llama-cpp-python", upstream_api_key=real.api_key)
-    runner, url = await start_app(create_app(settings))
+    url = await make_proxy_to(upstream=real.url, engine_kind="llama-cpp-python", upstream_api_key=real.api_key)
     long = "Tell me about the sea. " * 200
     requests = {
         "chat": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": long}]},
@@ -184,5 +178,4 @@ async def test_a_prompt_longer_than_the_real_engines_context_is_a_400_on_every_a
             if api == "anthropic":
                 assert error["message"].startswith("prompt is too long"), error
     finally:
-        await runner.cleanup()
         real.stop()

@@ -13,13 +13,11 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
-from proxy.config import Settings
 from proxy.engine.queueing import EngineQueue
 from proxy.engine.upstream import Upstream
 from proxy.errors import EngineUnavailableError, QueueFullError
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, completion
+from tests.support.proxies import MakeProxy
 
 NO_REQUEST = cast(web.Request, None)
 
@@ -155,12 +153,9 @@ async def test_a_request_proceeds_once_the_engine_is_ready() -> None:
 
 
 @pytest.fixture
-async def queued(engine: MockEngine) -> AsyncIterator[tuple[str, EngineQueue, MockEngine]]:
+async def queued(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[tuple[str, EngineQueue, MockEngine]]:
     queue = EngineQueue(ready_now, max_concurrency=1, max_queue=1)
-    settings = Settings(upstream=engine.url, connect_timeout=2.0, upstream_read_timeout=10.0)
-    runner, url = await start_app(create_app(settings, admission=queue))
-    yield url, queue, engine
-    await runner.cleanup()
+    yield await make_proxy(connect_timeout=2.0, upstream_read_timeout=10.0, admission=queue), queue, engine
 
 
 def blocking(engine: MockEngine, release: asyncio.Event) -> asyncio.Event:
@@ -241,15 +236,14 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(
     assert len(engine.received) == 2  # the client that left never reached the engine
 
 
-async def test_an_engine_that_is_not_ready_gives_503(engine: MockEngine) -> None:
+async def test_an_engine_that_is_not_ready_gives_503(engine: MockEngine, make_proxy: MakeProxy) -> None:
     never = asyncio.Event()
 
     async def not_ready() -> None:
         await never.wait()
 
     queue = EngineQueue(not_ready, ready_timeout=0.1)
-    runner, url = await start_app(create_app(Settings(upstream=engine.url), admission=queue))
-    try:
+    async with make_proxy.running(admission=queue) as (url, _):
         async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=CHAT) as r:
             body = await r.json()
             assert (
@@ -257,14 +251,11 @@ async def test_an_engine_that_is_not_ready_gives_503(engine: MockEngine) -> None
             )
         assert body["error"]["type"] == "engine_unavailable" and body["error"]["source"] == "toolpair"
         assert engine.received == []
-    finally:
-        await runner.cleanup()
 
 
-async def test_an_upstream_key_replaces_the_clients_credentials(engine: MockEngine) -> None:
+async def test_an_upstream_key_replaces_the_clients_credentials(engine: MockEngine, make_proxy: MakeProxy) -> None:
     upstream = Upstream(engine.url, api_key="engine-secret")
-    runner, url = await start_app(create_app(Settings(upstream=engine.url), upstream))
-    try:
+    async with make_proxy.running(upstream_client=upstream) as (url, _):
         headers = {"Authorization": "Bearer client-key", "x-api-key": "client-key", "X-Other": "kept"}
         async with aiohttp.ClientSession() as session:
             for path in ("/v1/chat/completions", "/v1/models"):
@@ -273,5 +264,3 @@ async def test_an_upstream_key_replaces_the_clients_credentials(engine: MockEngi
                 sent = engine.last.headers
                 assert sent["Authorization"] == "Bearer engine-secret" and sent["X-Other"] == "kept"
                 assert "x-api-key" not in {k.lower() for k in sent}
-    finally:
-        await runner.cleanup()

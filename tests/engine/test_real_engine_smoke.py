@@ -7,21 +7,15 @@ from collections.abc import AsyncIterator
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
-from proxy.config import Settings
-from tests.conftest import start_app
 from tests.real_engine import RealEngine
+from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture
-async def sidecar(real_engine: RealEngine) -> AsyncIterator[str]:
-    runner, url = await start_app(
-        create_app(Settings(upstream=real_engine.url, upstream_read_timeout=real_engine.read_timeout))
-    )
-    yield url
-    await runner.cleanup()
+async def sidecar(real_engine: RealEngine, make_proxy_to: MakeProxy) -> AsyncIterator[str]:
+    yield await make_proxy_to(upstream=real_engine.url, upstream_read_timeout=real_engine.read_timeout)
 
 
 async def test_chat_through_toolpair_to_the_real_engine(sidecar: str, real_engine: RealEngine) -> None:

@@ -23,7 +23,7 @@ from proxy.engine.toolcalls import (
     template_reasoning,
 )
 from tests.real_engine import TEMPLATE
-from tests.test_check_template import survey
+from tests.support.survey import survey
 
 
 @pytest.fixture(scope="module")

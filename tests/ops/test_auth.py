@@ -16,14 +16,13 @@ import openai
 import orjson
 import pytest
 
-from proxy.app import create_app
 from proxy.config import ConfigError, Settings, load_settings
 from proxy.engine.upstream import Upstream
 from proxy.errors import Dialect, dialect_for_path
 from proxy.ops.paths import HEALTH_PATH, METRICS_PATH, READY_PATH, STATUS_PATH
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine
+from tests.support.proxies import MakeProxy, ProxyFactory, proxy_app
 
 KEYS = ["tp-key-one", "tp-key-two"]
 USER = {"role": "user", "content": "hi"}
@@ -66,9 +65,8 @@ class Proxy:
 
 
 async def _proxy(engine: MockEngine, **settings: Any) -> AsyncIterator[Proxy]:
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, **settings)))
-    yield Proxy(url, engine)
-    await runner.cleanup()
+    async with ProxyFactory(engine.url).running(**settings) as (url, _):
+        yield Proxy(url, engine)
 
 
 @pytest.fixture
@@ -195,7 +193,7 @@ async def test_anthropic_sdk_sees_an_authentication_error_either_way(keyed: Prox
     assert credential_headers(keyed.engine.last.headers) == {}
 
 
-async def test_keys_from_file_and_environment(engine: MockEngine, tmp_path: Path) -> None:
+async def test_keys_from_file_and_environment(engine: MockEngine, tmp_path: Path, make_proxy: MakeProxy) -> None:
     key_file = tmp_path / "keys"
     key_file.write_text("# rotated 2026-11\n\n  file-key  \n")
     settings = load_settings(
@@ -203,14 +201,10 @@ async def test_keys_from_file_and_environment(engine: MockEngine, tmp_path: Path
     )
     assert settings.api_keys == ["env-a", "env-b"]
     assert "env-a" not in repr(settings)
-    runner, url = await start_app(create_app(settings))
-    try:
-        async with aiohttp.ClientSession() as session:
-            for key, expected in [("env-a", 200), ("env-b", 200), ("file-key", 200), ("# rotated 2026-11", 401)]:
-                async with session.get(url + "/v1/models", headers={"x-api-key": key}) as response:
-                    assert response.status == expected, key
-    finally:
-        await runner.cleanup()
+    async with make_proxy.running(settings=settings) as (url, _), aiohttp.ClientSession() as session:
+        for key, expected in [("env-a", 200), ("env-b", 200), ("file-key", 200), ("# rotated 2026-11", 401)]:
+            async with session.get(url + "/v1/models", headers={"x-api-key": key}) as response:
+                assert response.status == expected, key
 
 
 @pytest.mark.parametrize(("content", "message"), [(None, "cannot read"), ("\n# only a comment\n", "holds no key")])
@@ -219,12 +213,12 @@ def test_unusable_key_file_stops_start_up(tmp_path: Path, content: str | None, m
     if content is not None:
         key_file.write_text(content)
     with pytest.raises(ConfigError, match=message):
-        create_app(Settings(upstream="http://127.0.0.1:9", api_keys_file=str(key_file)))
+        proxy_app(Settings(upstream="http://127.0.0.1:9", api_keys_file=str(key_file)))
 
 
 def test_empty_key_in_the_list_is_refused() -> None:
     with pytest.raises(ConfigError, match="must not be empty"):
-        create_app(Settings(upstream="http://127.0.0.1:9", api_keys=["ok", " "]))
+        proxy_app(Settings(upstream="http://127.0.0.1:9", api_keys=["ok", " "]))
 
 
 # -- which credentials reach the engine
@@ -261,27 +255,20 @@ async def test_with_keys_and_no_upstream_key_nothing_is_forwarded(engine: MockEn
     assert await headers_seen_by_engine(engine, {"Authorization": f"Bearer {KEYS[1]}"}, api_keys=KEYS) == {}
 
 
-async def test_real_engine_key_handling(real_engine: RealEngine) -> None:
+async def test_real_engine_key_handling(real_engine: RealEngine, make_proxy_to: MakeProxy) -> None:
     """The real llama-cpp-python server requires its own key: it answers only when toolpair sends it."""
     chat: Any = {"model": "gemma", "messages": [USER], "max_tokens": 1}
-    runner, url = await start_app(
-        create_app(Settings(upstream=real_engine.url, api_keys=KEYS, upstream_api_key=real_engine.api_key))
-    )
-    try:
+    keyed = {"api_keys": KEYS, "upstream_api_key": real_engine.api_key}
+    async with make_proxy_to.running(upstream=real_engine.url, **keyed) as (url, _):
         async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[0], max_retries=0) as client:
             reply = await client.chat.completions.create(**chat)
         assert reply.choices[0].message.content is not None
-    finally:
-        await runner.cleanup()
     # Without upstream_api_key the client's toolpair key is not forwarded, so the engine refuses.
-    runner, url = await start_app(create_app(Settings(upstream=real_engine.url, api_keys=[real_engine.api_key])))
-    try:
+    async with make_proxy_to.running(upstream=real_engine.url, api_keys=[real_engine.api_key]) as (url, _):
         async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=real_engine.api_key, max_retries=0) as client:
             with pytest.raises(openai.AuthenticationError) as caught:
                 await client.chat.completions.create(**chat)
         assert "source" not in str(caught.value.body)  # the engine's refusal, not toolpair's
-    finally:
-        await runner.cleanup()
 
 
 # -- path families and the exposure warning
@@ -323,11 +310,11 @@ def test_dialect_for_path(path: str, dialect: Dialect) -> None:
     ],
 )
 async def test_exposure_warning_at_start_up(
-    engine: MockEngine, caplog: pytest.LogCaptureFixture, host: str, keys: list[str], warns: bool
+    engine: MockEngine, make_proxy: MakeProxy, caplog: pytest.LogCaptureFixture, host: str, keys: list[str], warns: bool
 ) -> None:
     caplog.set_level(logging.WARNING, logger="toolpair")
-    runner, _ = await start_app(create_app(Settings(upstream=engine.url, host=host, api_keys=keys)))
-    await runner.cleanup()
+    async with make_proxy.running(host=host, api_keys=keys):
+        pass
     warnings = [r.getMessage() for r in caplog.records if "beyond loopback" in r.getMessage()]
     assert len(warnings) == (1 if warns else 0)
     if warns:

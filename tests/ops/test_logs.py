@@ -19,11 +19,11 @@ import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
-from proxy.app import create_app
-from proxy.config import ConfigError, Settings
+from proxy.config import ConfigError
 from proxy.ops.logs import log_handler, setup_logging
-from tests.conftest import Stack, start_app
+from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received
+from tests.support.proxies import MakeProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 CALLS = {
@@ -128,12 +128,11 @@ async def test_every_kind_of_response_carries_the_request_id(
     assert headers["X-Request-ID"] == "rid-1"
 
 
-async def test_refused_request_carries_the_request_id_and_is_logged(engine: MockEngine, captured: io.StringIO) -> None:
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, api_keys=["KEY-SECRET-1"])))
-    try:
+async def test_refused_request_carries_the_request_id_and_is_logged(
+    engine: MockEngine, captured: io.StringIO, make_proxy: MakeProxy
+) -> None:
+    async with make_proxy.running(api_keys=["KEY-SECRET-1"]) as (url, _):
         status, _, headers = await request(url, "/v1/messages", data=b"{}", headers={"x-api-key": "WRONG-SECRET-9"})
-    finally:
-        await runner.cleanup()
     assert status == 401 and headers["X-Request-ID"]
     (line,) = access_lines(captured.getvalue())
     assert line["status"] == 401 and line["request_id"] == headers["X-Request-ID"]
@@ -208,13 +207,12 @@ def test_unknown_log_format_is_a_config_error() -> None:
         log_handler("xml")
 
 
-async def test_bodies_are_logged_only_when_asked(engine: MockEngine, captured: io.StringIO) -> None:
+async def test_bodies_are_logged_only_when_asked(
+    engine: MockEngine, captured: io.StringIO, make_proxy: MakeProxy
+) -> None:
     for log_bodies in (False, True):
-        runner, url = await start_app(create_app(Settings(upstream=engine.url, log_bodies=log_bodies)))
-        try:
+        async with make_proxy.running(log_bodies=log_bodies) as (url, _):
             await request(url, data=chat())
-        finally:
-            await runner.cleanup()
         text = captured.getvalue()
         bodies = [line for line in json_lines(text) if line["logger"] == "toolpair.body"]
         if not log_bodies:

@@ -14,13 +14,12 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import proxy
-from proxy.app import create_app
-from proxy.config import Settings
 from proxy.errors import EngineUnavailableError
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot
 from proxy.ops.trace import note_toolcalls, trace_of
-from tests.conftest import Stack, start_app
+from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, chunk
+from tests.support.proxies import MakeProxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -211,13 +210,13 @@ class FakeEngine:
 
 
 @pytest.fixture
-async def managed(engine: MockEngine) -> AsyncIterator[tuple[str, FakeEngine]]:
+async def managed(make_proxy: MakeProxy) -> AsyncIterator[tuple[str, FakeEngine]]:
     fake = FakeEngine()
-    app = create_app(Settings(upstream=engine.url), admission=fake.admit)
-    app[ENGINE_PROBE] = lambda: fake.snapshot
-    runner, url = await start_app(app)
-    yield url, fake
-    await runner.cleanup()
+
+    def probe_the_fake(app: web.Application) -> None:
+        app[ENGINE_PROBE] = lambda: fake.snapshot
+
+    yield await make_proxy(admission=fake.admit, before_start=probe_the_fake), fake
 
 
 async def test_engine_queue_and_extraction_hooks(managed: tuple[str, FakeEngine]) -> None:
@@ -252,16 +251,11 @@ async def test_sidecar_exports_no_engine_metrics(stack: Stack) -> None:
     assert value(samples, "toolpair_build_info", version=proxy.__version__) == 1
 
 
-async def test_each_app_has_its_own_registry(engine: MockEngine) -> None:
-    one, url_one = await start_app(create_app(Settings(upstream=engine.url)))
-    two, url_two = await start_app(create_app(Settings(upstream=engine.url)))
-    try:
-        await send(url_one, data=chat(CALLS, B, A))
-        assert value(await scrape(url_one), "toolpair_runs_reordered_total", api="chat") == 1
-        assert value(await scrape(url_two), "toolpair_runs_reordered_total", api="chat") == 0
-    finally:
-        await one.cleanup()
-        await two.cleanup()
+async def test_each_app_has_its_own_registry(make_proxy: MakeProxy) -> None:
+    url_one, url_two = await make_proxy(), await make_proxy()
+    await send(url_one, data=chat(CALLS, B, A))
+    assert value(await scrape(url_one), "toolpair_runs_reordered_total", api="chat") == 1
+    assert value(await scrape(url_two), "toolpair_runs_reordered_total", api="chat") == 0
 
 
 async def test_openmetrics_is_served_when_asked(stack: Stack) -> None:
@@ -280,16 +274,12 @@ async def status_of(url: str, **headers: str) -> Any:
         return await response.json()
 
 
-async def test_status_in_sidecar_mode(engine: MockEngine) -> None:
+async def test_status_in_sidecar_mode(engine: MockEngine, make_proxy: MakeProxy) -> None:
     host = engine.url.removeprefix("http://")
-    settings = Settings(upstream=f"http://user:pw-secret@{host}", api_keys=["k"])
-    runner, url = await start_app(create_app(settings))
-    try:
+    async with make_proxy.running(upstream=f"http://user:pw-secret@{host}", api_keys=["k"]) as (url, _):
         async with aiohttp.ClientSession() as session:
             await session.post(url + "/v1/chat/completions", data=chat(CALLS, B, A), headers={"x-api-key": "k"})
         status = await status_of(url, **{"x-api-key": "k"})
-    finally:
-        await runner.cleanup()
     assert status["version"] == proxy.__version__
     assert status["mode"] == "sidecar"
     assert status["upstream"] == engine.url and "pw-secret" not in orjson.dumps(status).decode()

@@ -11,50 +11,45 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import Settings
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine
 from tests.reliability import figures
+from tests.support.proxies import MakeProxy
 
 
 @dataclass
 class Proxy:
-    """toolpair in this process, in front of an in-process mock engine."""
+    """toolpair in this process (made by the one factory), in front of an in-process mock engine."""
 
     url: str
     engine: MockEngine
     app: web.Application
 
 
-def serve_proxy(engine: MockEngine, **settings: Any) -> AbstractAsyncContextManager[Proxy]:
+ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
+
+
+def serve_proxy(make_proxy: MakeProxy, engine: MockEngine, **settings: Any) -> AbstractAsyncContextManager[Proxy]:
+    """``make_proxy.running`` with the engine beside the URL, as the reliability tests read both."""
+
     @asynccontextmanager
     async def serve() -> AsyncIterator[Proxy]:
-        options: dict[str, Any] = {"connect_timeout": 2.0, "upstream_read_timeout": 5.0, **settings}
-        app = create_app(Settings(upstream=engine.url, **options))
-        runner, url = await start_app(app)
-        try:
-            yield Proxy(url, engine, app)
-        finally:
-            await runner.cleanup()
+        async with make_proxy.running(**settings) as running:
+            yield Proxy(running.url, engine, running.app)
 
     return serve()
 
 
-ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxy]]
-
-
 @pytest.fixture
-async def proxy_factory(engine: MockEngine) -> ProxyFactory:
+async def proxy_factory(engine: MockEngine, make_proxy: MakeProxy) -> ProxyFactory:
     """``async with proxy_factory(engine_kind=..., ...) as proxy``: toolpair with these settings."""
-    return lambda **settings: serve_proxy(engine, **settings)
+    return lambda **settings: serve_proxy(make_proxy, engine, **settings)
 
 
 @pytest.fixture
-async def llama_proxy(engine: MockEngine) -> AsyncIterator[Proxy]:
+async def llama_proxy(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[Proxy]:
     """toolpair as ``toolpair serve`` runs it: engine kind llama-cpp-python (adapted, calls extracted)."""
     engine.tokenizer = True
-    async with serve_proxy(engine, engine_kind="llama-cpp-python") as proxy:
+    async with serve_proxy(make_proxy, engine, engine_kind="llama-cpp-python") as proxy:
         yield proxy
 
 

@@ -24,16 +24,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import Settings
 from proxy.engine.queueing import EngineQueue
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.reliability.client import post
 from tests.reliability.conftest import Proxy, ProxyFactory
 from tests.reliability.figures import count, record
 from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import APIS, PROMPT_MARK, body
+from tests.support.proxies import MakeProxy
 
 Handler = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
 SERIAL = re.compile(rf"{PROMPT_MARK} (\d+):".encode())
@@ -170,16 +168,15 @@ async def test_under_load_each_request_reaches_the_engine_exactly_once(llama_pro
 # --- refused requests never reach the engine ----------------------------------------------------
 
 
-async def test_requests_toolpair_refuses_never_reach_the_engine(engine: MockEngine) -> None:
+async def test_requests_toolpair_refuses_never_reach_the_engine(engine: MockEngine, make_proxy: MakeProxy) -> None:
     async def ready() -> None:
         return None
 
     queue = EngineQueue(ready, max_concurrency=1, max_queue=0)
-    settings = Settings(upstream=engine.url, engine_kind="llama-cpp-python", api_keys=["k"], max_body_bytes=4096)
-    runner, url = await start_app(create_app(settings, admission=queue))
+    settings = {"engine_kind": "llama-cpp-python", "api_keys": ["k"], "max_body_bytes": 4096}
     key = {"Authorization": "Bearer k"}
     refused: dict[str, int] = {}
-    try:
+    async with make_proxy.running(**settings, admission=queue) as (url, _):
         for api in APIS:
             cases: list[tuple[str, Any, dict[str, str], int]] = [
                 ("no key", body(api), {}, 401),
@@ -212,6 +209,4 @@ async def test_requests_toolpair_refuses_never_reach_the_engine(engine: MockEngi
                 await asyncio.sleep(0.01)
         generated = [serial_of(r) for r in engine.received]
         assert generated == [0, 0, 0], "only the three requests that held the slot reached the engine"
-    finally:
-        await runner.cleanup()
     record("at_most_once", refused_requests_that_reached_the_engine=0, refused_by_reason=refused)

@@ -28,15 +28,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import Settings
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.real_engine import bundled_model, start_real_engine
 from tests.reliability.client import HEADERS, post
 from tests.reliability.figures import count
 from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import APIS, PATHS, body
+from tests.support.proxies import MakeProxy
 
 Fault = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
 
@@ -106,11 +104,6 @@ NOT_APPLICABLE = {
 }
 
 
-async def _proxy(engine: MockEngine, kind: str) -> tuple[web.AppRunner, str]:
-    settings = Settings(upstream=engine.url, engine_kind=kind, connect_timeout=2.0, upstream_read_timeout=READ_TIMEOUT)
-    return await start_app(create_app(settings))
-
-
 async def _next_request_is_served(url: str, api: str) -> None:
     answer = await post(url, api, body(api, 1))
     assert answer.status == 200, answer.body[:300]
@@ -120,13 +113,13 @@ async def _next_request_is_served(url: str, api: str) -> None:
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 @pytest.mark.parametrize(("api", "kind"), ROWS)
 async def test_engine_fault_ends_cleanly_then_toolpair_serves_the_next_request(
-    engine: MockEngine, api: str, kind: str, fault: str
+    engine: MockEngine, make_proxy: MakeProxy, api: str, kind: str, fault: str
 ) -> None:
     if (api, kind, fault) in NOT_APPLICABLE:
         pytest.skip(NOT_APPLICABLE[api, kind, fault])
     engine.tokenizer = True
-    runner, url = await _proxy(engine, kind)
-    try:
+    async with make_proxy.running(engine_kind=kind, upstream_read_timeout=READ_TIMEOUT) as proxy:
+        url = proxy.url
         engine.then(FAULTS[fault])
         answer = await post(url, api, body(api), deadline=15)
         if fault in BEFORE_STREAM:
@@ -151,8 +144,6 @@ async def test_engine_fault_ends_cleanly_then_toolpair_serves_the_next_request(
                 await asyncio.sleep(0.05)
             assert generation in engine.cancelled
         await _next_request_is_served(url, api)
-    finally:
-        await runner.cleanup()
     count("engine_faults", f"survived_{fault}")
     count("engine_faults", "cases_survived")
 
@@ -187,18 +178,19 @@ def _streamed(api: str, tokens: int) -> dict[str, object]:
 
 
 @pytest.mark.skipif(not _has_real_engine(), reason="needs llama-cpp-python and the bundled model")
-async def test_sigkill_of_the_real_engine_mid_stream_is_a_clean_error_for_each_api(tmp_path: Path) -> None:
+async def test_sigkill_of_the_real_engine_mid_stream_is_a_clean_error_for_each_api(
+    tmp_path: Path, make_proxy_to: MakeProxy
+) -> None:
     """The engine dies while it streams: an in-band error, then 502s, then service again once it is back."""
     real = start_real_engine(tmp_path)
     port = int(real.url.rsplit(":", 1)[1])
-    settings = Settings(
+    url = await make_proxy_to(
         upstream=real.url,
         engine_kind="llama-cpp-python",
         upstream_api_key=real.api_key,
         connect_timeout=2.0,
         upstream_read_timeout=30.0,
     )
-    runner, url = await start_app(create_app(settings))
     try:
         for api in APIS:
             async with (
@@ -225,5 +217,4 @@ async def test_sigkill_of_the_real_engine_mid_stream_is_a_clean_error_for_each_a
             count("engine_faults", "survived_sigkill_real_engine")
             count("engine_faults", "cases_survived")
     finally:
-        await runner.cleanup()
         real.stop()

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from tests.mock_engine import MockEngine
 from tests.reliability.client import post, send
-from tests.reliability.conftest import Proxy, serve_proxy
+from tests.reliability.conftest import Proxy, ProxyFactory
 from tests.reliability.figures import count
 from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import body
@@ -218,11 +218,11 @@ ROUTES = [
 
 
 @pytest.fixture
-async def proxies(engine: MockEngine) -> AsyncIterator[dict[str, Proxy]]:
+async def proxies(engine: MockEngine, proxy_factory: ProxyFactory) -> AsyncIterator[dict[str, Proxy]]:
     engine.tokenizer = True
     async with (
-        serve_proxy(engine, engine_kind="llama-cpp-python") as llama,
-        serve_proxy(engine, engine_kind="generic") as plain,
+        proxy_factory(engine_kind="llama-cpp-python") as llama,
+        proxy_factory(engine_kind="generic") as plain,
     ):
         yield {"llama-cpp-python": llama, "generic": plain}
 

@@ -21,7 +21,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ import aiohttp
 import pytest
 
 from engine_launcher.launch import free_port
-from engine_launcher.process import die_with_parent
 from proxy.config import Settings
 from proxy.serve import plan_serve
 from tests.real_engine import bundled_model
@@ -41,6 +39,7 @@ from tests.reliability.figures import count, record
 from tests.reliability.processes import ROOT
 from tests.reliability.streams import check_error_body, check_stream
 from tests.reliability.workload import APIS, PATHS, PROMPT_MARK
+from tests.support.serve import alive, children, cmdline, launch_serve
 
 
 def _engine_installed() -> bool:
@@ -54,34 +53,6 @@ def _engine_installed() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not _engine_installed(), reason="needs llama-cpp-python and the bundled model")
-
-
-def children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode().split("\0")[:-1]
-    except OSError:
-        return []
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -122,15 +93,8 @@ class Served:
 
 def launch(tmp: Path, **env: str) -> Served:
     port = free_port()
-    log = tmp / f"serve-{port}.log"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TOOLPAIR_ENGINE_CTX_SIZE": "2048", **env},
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-        preexec_fn=die_with_parent(),
-    )
+    settings = {"PYTHONPATH": str(ROOT), "TOOLPAIR_ENGINE_CTX_SIZE": "2048", **env}
+    process, _, log = launch_serve(tmp, "--port", str(port), **settings)
     return Served(process, f"http://127.0.0.1:{port}", log)
 
 

@@ -30,17 +30,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import Settings
 from proxy.engine.queueing import EngineQueue
 from proxy.ops.metrics import METRICS
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
 from tests.reliability.client import HEADERS, post
 from tests.reliability.conftest import Proxy
 from tests.reliability.figures import count, record
 from tests.reliability.streams import check_stream
 from tests.reliability.workload import APIS, PATHS, body, encoded
+from tests.support.proxies import MakeProxy
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -242,26 +240,24 @@ async def test_a_client_that_leaves_cancels_its_engine_request_at_once(llama_pro
 
 
 @asynccontextmanager
-async def queued_proxy(engine: MockEngine) -> AsyncIterator[tuple[str, EngineQueue, web.Application]]:
+async def queued_proxy(make_proxy: MakeProxy) -> AsyncIterator[tuple[str, EngineQueue, web.Application]]:
     """toolpair with the managed engine's admission: one request at a time, two more may wait."""
 
     async def ready() -> None:
         return None
 
     queue = EngineQueue(ready, max_concurrency=1, max_queue=2, ready_timeout=5)
-    settings = Settings(upstream=engine.url, engine_kind="llama-cpp-python", upstream_read_timeout=10)
-    app = create_app(settings, admission=queue)
-    runner, url = await start_app(app)
-    try:
+    settings = {"engine_kind": "llama-cpp-python", "upstream_read_timeout": 10}
+    async with make_proxy.running(**settings, admission=queue) as (url, app):
         yield url, queue, app
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("api", APIS)
-async def test_a_client_that_leaves_the_queue_frees_its_place(engine: MockEngine, api: str) -> None:
+async def test_a_client_that_leaves_the_queue_frees_its_place(
+    engine: MockEngine, make_proxy: MakeProxy, api: str
+) -> None:
     engine.tokenizer = True
-    async with queued_proxy(engine) as (url, queue, app), aiohttp.ClientSession() as session:
+    async with queued_proxy(make_proxy) as (url, queue, app), aiohttp.ClientSession() as session:
         engine.then(trickle)
         running = await session.post(url + PATHS[api], data=encoded(api), headers=HEADERS)
         await running.content.readany()  # holds the engine's only slot

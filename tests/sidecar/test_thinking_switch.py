@@ -18,7 +18,7 @@ import pytest
 from tests.reliability.processes import Process
 from tests.sidecar.llama_server import RecordingHop, llama_server_binary, start_llama_server, start_sidecar
 from tests.sidecar.test_llama_server_sidecar import send
-from tests.test_check_template import survey
+from tests.support.survey import survey
 
 BINARY = llama_server_binary()
 pytestmark = pytest.mark.skipif(

@@ -13,10 +13,9 @@ import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
-from proxy.app import create_app
-from proxy.config import Settings
-from tests.conftest import Stack, start_app
+from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, chunk
+from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
@@ -226,11 +225,9 @@ async def test_client_disconnect_mid_stream_stops_the_engine(stack: Stack) -> No
 
 
 @pytest.fixture
-async def proxy_to_nowhere() -> AsyncIterator[tuple[str, str]]:
+async def proxy_to_nowhere(make_proxy_to: MakeProxy) -> AsyncIterator[tuple[str, str]]:
     upstream = f"http://127.0.0.1:{free_port()}"
-    runner, url = await start_app(create_app(Settings(upstream=upstream, connect_timeout=1.0)))
-    yield url, upstream
-    await runner.cleanup()
+    yield await make_proxy_to(upstream=upstream, connect_timeout=1.0), upstream
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models"])
@@ -244,17 +241,14 @@ async def test_upstream_down_is_a_502_naming_it(proxy_to_nowhere: tuple[str, str
     assert headers["X-Toolpair-Error"] == "upstream_unavailable"
 
 
-async def test_upstream_silent_past_the_read_timeout_is_a_504(engine: MockEngine) -> None:
+async def test_upstream_silent_past_the_read_timeout_is_a_504(engine: MockEngine, make_proxy: MakeProxy) -> None:
     async def hang(request: web.Request, received: Received) -> web.StreamResponse:
         await asyncio.sleep(10)
         raise AssertionError("not reached")
 
     engine.then(hang)
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, upstream_read_timeout=0.3)))
-    try:
+    async with make_proxy.running(upstream_read_timeout=0.3) as (url, _):
         status, reply, _ = await post(url, body(USER))
-    finally:
-        await runner.cleanup()
     assert status == 504
     assert reply["error"]["code"] == "upstream_timeout" and engine.url in reply["error"]["message"]
 
@@ -281,13 +275,10 @@ async def test_bad_chat_bodies_are_openai_shaped_400s(stack: Stack, raw: bytes, 
     assert stack.engine.received == []
 
 
-async def test_body_over_the_limit_is_a_413(engine: MockEngine) -> None:
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, max_body_bytes=1000)))
-    try:
+async def test_body_over_the_limit_is_a_413(engine: MockEngine, make_proxy: MakeProxy) -> None:
+    async with make_proxy.running(max_body_bytes=1000) as (url, _):
         status, reply, _ = await post(url, body(USER, padding="x" * 2000))
         status_chunked, reply_chunked, _ = await post(url, _chunks(body(USER, padding="x" * 2000)))
-    finally:
-        await runner.cleanup()
     assert status == status_chunked == 413
     assert reply["error"]["code"] == reply_chunked["error"]["code"] == "body_too_large"
     assert engine.received == []
@@ -330,17 +321,14 @@ async def test_probe_routes_are_answered_by_toolpair(stack: Stack) -> None:
             assert await response.json() == {"status": "not ready", "upstream": {"status": 503}}
 
 
-async def test_ready_is_503_when_the_upstream_is_down() -> None:
+async def test_ready_is_503_when_the_upstream_is_down(make_proxy_to: MakeProxy) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    runner, url = await start_app(create_app(Settings(upstream=dead, connect_timeout=1.0)))
-    try:
+    async with make_proxy_to.running(upstream=dead, connect_timeout=1.0) as (url, _):
         async with aiohttp.ClientSession() as session, session.get(url + "/ready") as response:
             body = await response.json()
         assert response.status == 503 and body["status"] == "not ready" and "unreachable" in body["upstream"]["error"]
-    finally:
-        await runner.cleanup()
 
 
 async def test_an_endless_event_from_the_engine_ends_with_an_error_not_unbounded_memory(stack: Stack) -> None:
@@ -364,9 +352,10 @@ async def test_an_endless_event_from_the_engine_ends_with_an_error_not_unbounded
     assert frames[2:] == [b""]
 
 
-async def test_a_body_that_stops_arriving_gets_a_408_and_never_reaches_the_engine(engine: MockEngine) -> None:
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, body_read_timeout=0.5)))
-    try:
+async def test_a_body_that_stops_arriving_gets_a_408_and_never_reaches_the_engine(
+    engine: MockEngine, make_proxy: MakeProxy
+) -> None:
+    async with make_proxy.running(body_read_timeout=0.5) as (url, _):
         host, port = url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(
@@ -376,7 +365,5 @@ async def test_a_body_that_stops_arriving_gets_a_408_and_never_reaches_the_engin
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         writer.close()
-    finally:
-        await runner.cleanup()
     assert head.startswith(b"HTTP/1.1 408")
     assert engine.received == []

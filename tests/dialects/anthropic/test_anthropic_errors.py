@@ -14,13 +14,11 @@ import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
-from proxy.app import create_app
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.sse import EventDecoder
-from tests.conftest import start_app
 from tests.mock_engine import MockEngine, Received, chunk
-from tests.support.proxies import MakeProxy
+from tests.support.proxies import MakeProxy, proxy_app
 
 HI = [{"role": "user", "content": "Hi"}]
 OVERFLOW = (
@@ -168,50 +166,41 @@ async def test_engine_error_statuses_keep_their_status_in_anthropic_shape(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_engine_down_is_a_502_api_error(stream: bool) -> None:
+async def test_engine_down_is_a_502_api_error(stream: bool, make_proxy_to: MakeProxy) -> None:
     upstream = f"http://127.0.0.1:{free_port()}"
-    runner, url = await start_app(create_app(Settings(upstream=upstream, connect_timeout=1.0)))
-    try:
+    async with make_proxy_to.running(upstream=upstream, connect_timeout=1.0) as (url, _):
         status, reply, _ = await post(url, request(stream))
         count_status, count, headers = await post(url, request(), path="/v1/messages/count_tokens")
-    finally:
-        await runner.cleanup()
     assert status == 502
     assert_anthropic_error(reply, "api_error", upstream)
     assert count_status == 200 and headers["X-Toolpair-Token-Count"] == "estimate" and count["input_tokens"] > 0
 
 
-async def test_engine_silent_past_the_read_timeout_is_a_504(engine: MockEngine) -> None:
+async def test_engine_silent_past_the_read_timeout_is_a_504(engine: MockEngine, make_proxy: MakeProxy) -> None:
     async def hang(request: web.Request, received: Received) -> web.StreamResponse:
         await asyncio.sleep(10)
         raise AssertionError("not reached")
 
     engine.then(hang)
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, upstream_read_timeout=0.3)))
-    try:
+    async with make_proxy.running(upstream_read_timeout=0.3) as (url, _):
         status, reply, _ = await post(url, request())
-    finally:
-        await runner.cleanup()
     assert status == 504
     assert_anthropic_error(reply, "api_error", "did not answer in time")
 
 
-async def test_an_engine_that_is_not_ready_is_overloaded(engine: MockEngine) -> None:
+async def test_an_engine_that_is_not_ready_is_overloaded(engine: MockEngine, make_proxy: MakeProxy) -> None:
     @asynccontextmanager
     async def refuse(request: web.Request, conversation: str | None) -> AsyncIterator[None]:
         raise EngineUnavailableError("the engine is starting")
         yield  # pragma: no cover
 
-    runner, url = await start_app(create_app(Settings(upstream=engine.url), admission=refuse))
-    try:
+    async with make_proxy.running(admission=refuse) as (url, _):
         for stream in (False, True):
             status, reply, _ = await post(url, request(stream))
             assert status == 503
             assert_anthropic_error(reply, "overloaded_error", "the engine is starting")
         count_status, _, headers = await post(url, request(), path="/v1/messages/count_tokens")
         assert count_status == 200 and headers["X-Toolpair-Token-Count"] == "estimate"
-    finally:
-        await runner.cleanup()
     assert engine.received == []
 
 
@@ -289,4 +278,4 @@ async def test_malformed_engine_answers_are_502s(url: str, engine: MockEngine) -
 )
 def test_bad_anthropic_settings_are_config_errors(settings: dict[str, Any], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
-        create_app(Settings(upstream="http://127.0.0.1:1", **settings))
+        proxy_app(Settings(upstream="http://127.0.0.1:1", **settings))

@@ -21,10 +21,10 @@ import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
 
-from proxy.app import create_app
 from proxy.config import Settings
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
+from tests.support.proxies import MakeProxy
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Stack:
 
 
 @pytest.fixture
-async def stack(real_engine: RealEngine) -> AsyncIterator[Stack]:
+async def stack(real_engine: RealEngine, make_proxy_to: MakeProxy) -> AsyncIterator[Stack]:
     # No keep-alive: llama-cpp-python closes a connection just after a stream that failed
     # inside it, so a pooled connection could be dead by its next use.
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
@@ -68,15 +68,14 @@ async def stack(real_engine: RealEngine) -> AsyncIterator[Stack]:
     recorder.router.add_route("*", "/{tail:.*}", forward)
     recorder_runner, recorder_url = await start_app(recorder)
     settings = Settings(upstream=recorder_url, count_tokens_template=str(TEMPLATE), messages_ping_interval=1.0)
-    runner, url = await start_app(create_app(settings))
-    yield Stack(url, seen)
-    await runner.cleanup()
+    async with make_proxy_to.running(settings=settings) as (url, _):
+        yield Stack(url, seen)
     await recorder_runner.cleanup()
     await session.close()
 
 
 @pytest.fixture
-async def direct(real_engine: RealEngine) -> AsyncIterator[Stack]:
+async def direct(real_engine: RealEngine, make_proxy_to: MakeProxy) -> AsyncIterator[Stack]:
     """toolpair straight in front of the engine, keep-alive pool included."""
     settings = Settings(
         upstream=real_engine.url,
@@ -84,9 +83,8 @@ async def direct(real_engine: RealEngine) -> AsyncIterator[Stack]:
         upstream_read_timeout=real_engine.read_timeout,
         count_tokens_template=str(TEMPLATE),
     )
-    runner, url = await start_app(create_app(settings))
-    yield Stack(url)
-    await runner.cleanup()
+    async with make_proxy_to.running(settings=settings) as (url, _):
+        yield Stack(url)
 
 
 def sdk(stack: Stack) -> AsyncAnthropic:

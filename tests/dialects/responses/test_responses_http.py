@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
 from proxy.config import Settings
-from tests.conftest import Stack, start_app
+from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, chunk, completion
+from tests.support.proxies import MakeProxy, proxy_app
 
 pytestmark = pytest.mark.asyncio
 
@@ -271,17 +271,12 @@ async def test_delete_forgets_a_stored_response(stack: Stack) -> None:
             await sdk.responses.delete(first.id)
 
 
-async def test_store_is_bounded(engine: MockEngine) -> None:
-    settings = Settings(upstream=engine.url, responses_store_max_entries=2)
-    runner, url = await start_app(create_app(settings))
-    try:
-        async with client(url) as sdk:
-            ids = [(await sdk.responses.create(model="m", input=f"n{i}")).id for i in range(3)]
-            with pytest.raises(openai.NotFoundError):
-                await sdk.responses.retrieve(ids[0])
-            assert (await sdk.responses.retrieve(ids[2])).id == ids[2]
-    finally:
-        await runner.cleanup()
+async def test_store_is_bounded(engine: MockEngine, make_proxy: MakeProxy) -> None:
+    async with make_proxy.running(responses_store_max_entries=2) as (url, _), client(url) as sdk:
+        ids = [(await sdk.responses.create(model="m", input=f"n{i}")).id for i in range(3)]
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.retrieve(ids[0])
+        assert (await sdk.responses.retrieve(ids[2])).id == ids[2]
 
 
 # --- Codex CLI traffic -----------------------------------------------------------------------
@@ -378,12 +373,9 @@ async def test_bad_requests_get_openai_shaped_errors(
     assert stack.engine.received == []
 
 
-async def test_body_over_the_limit_is_a_413(engine: MockEngine) -> None:
-    runner, url = await start_app(create_app(Settings(upstream=engine.url, max_body_bytes=100)))
-    try:
+async def test_body_over_the_limit_is_a_413(engine: MockEngine, make_proxy: MakeProxy) -> None:
+    async with make_proxy.running(max_body_bytes=100) as (url, _):
         status, reply, _ = await post(url, {"input": "x" * 200})
-    finally:
-        await runner.cleanup()
     assert status == 413 and reply["error"]["code"] == "body_too_large"
 
 
@@ -461,11 +453,9 @@ async def test_client_leaving_mid_stream_stops_the_engine(stack: Stack) -> None:
 
 
 @pytest.fixture
-async def native(engine: MockEngine) -> AsyncIterator[Stack]:
+async def native(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[Stack]:
     settings = Settings(upstream=engine.url, responses_mode="native")
-    runner, url = await start_app(create_app(settings))
-    yield Stack(engine, url, settings)
-    await runner.cleanup()
+    yield Stack(engine, await make_proxy(settings=settings), settings)
 
 
 def fc(call_id: str) -> dict[str, Any]:
@@ -532,7 +522,7 @@ async def test_responses_mode_setting_is_validated() -> None:
     from proxy.config import ConfigError
 
     with pytest.raises(ConfigError, match="responses_mode"):
-        create_app(Settings(upstream="http://127.0.0.1:9", responses_mode="sometimes"))
+        proxy_app(Settings(upstream="http://127.0.0.1:9", responses_mode="sometimes"))
 
 
 async def test_cli_responses_mode_option() -> None:

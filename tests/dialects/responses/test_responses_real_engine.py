@@ -15,10 +15,9 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from proxy.app import create_app
-from proxy.config import Settings
 from tests.conftest import start_app
 from tests.real_engine import RealEngine
+from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
@@ -47,16 +46,13 @@ class Tap:
 
 
 @pytest.fixture
-async def tapped(real_engine: RealEngine) -> AsyncIterator[tuple[str, Tap]]:
+async def tapped(real_engine: RealEngine, make_proxy_to: MakeProxy) -> AsyncIterator[tuple[str, Tap]]:
     tap = Tap(real_engine.url)
     tap_app = web.Application()
     tap_app.router.add_route("*", "/{tail:.*}", tap.handle)
     tap_runner, tap_url = await start_app(tap_app)
-    runner, url = await start_app(
-        create_app(Settings(upstream=tap_url, upstream_read_timeout=real_engine.read_timeout))
-    )
-    yield url, tap
-    await runner.cleanup()
+    async with make_proxy_to.running(upstream=tap_url, upstream_read_timeout=real_engine.read_timeout) as (url, _):
+        yield url, tap
     await tap_runner.cleanup()
 
 

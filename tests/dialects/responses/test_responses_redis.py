@@ -20,13 +20,12 @@ import pytest
 import redis.asyncio
 from aiohttp import web
 
-from proxy.app import create_app
 from proxy.config import Settings
 from proxy.dialects.responses.store import RedisResponseStore, StoredResponse
-from tests.conftest import start_app
 from tests.dialects.responses.test_responses_http import client
 from tests.mock_engine import MockEngine, Received, completion, stream_words
 from tests.redis_server import RedisServer
+from tests.support.proxies import MOCK_ENGINE_TIMEOUTS, ProxyFactory, proxy_app
 
 
 @pytest.fixture
@@ -39,14 +38,8 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @asynccontextmanager
 async def toolpair(engine: MockEngine, store: str, **limits: Any) -> AsyncIterator[str]:
     """One toolpair app (one replica) using ``store``; yields its base URL."""
-    settings = Settings(
-        upstream=engine.url, connect_timeout=2.0, upstream_read_timeout=5.0, responses_store=store, **limits
-    )
-    runner, url = await start_app(create_app(settings))
-    try:
+    async with ProxyFactory(engine.url, **MOCK_ENGINE_TIMEOUTS).running(responses_store=store, **limits) as (url, _):
         yield url
-    finally:
-        await runner.cleanup()
 
 
 def sent_texts(received: Received) -> list[str]:
@@ -269,7 +262,7 @@ async def test_a_stream_whose_store_dies_still_completes(
 
 async def test_a_bad_store_setting_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="responses_store"):
-        create_app(Settings(upstream="http://127.0.0.1:9", responses_store="mysql://db"))
+        proxy_app(Settings(upstream="http://127.0.0.1:9", responses_store="mysql://db"))
 
 
 def test_the_store_is_chosen_by_flag_environment_or_file(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,50 +30,7 @@ from engine_launcher.backends import (
     visible_cuda_gpus,
     vulkan_devices,
 )
-
-DATA = Path(__file__).parent / "data" / "probes"
-
-
-def captured(name: str) -> str:
-    return (DATA / name).read_text()
-
-
-class FakeProbes:
-    """A machine described by the outputs its tools print; absent tools print nothing."""
-
-    def __init__(
-        self,
-        outputs: dict[str, str] | None = None,
-        kfd: Sequence[str] = (),
-        platform: tuple[str, str] = ("Linux", "x86_64"),
-        tools: Sequence[str] = ("c++",),
-        files: Sequence[str] = (),
-    ) -> None:
-        self.outputs = outputs or {}
-        self.kfd = list(kfd)
-        self.system = platform
-        self.tools = set(tools)
-        self.files = set(files)
-        self.ran: list[list[str]] = []
-
-    def run(self, argv: Sequence[str]) -> str | None:
-        self.ran.append(list(argv))
-        for prefix, output in self.outputs.items():
-            if " ".join(argv).startswith(prefix):
-                return output
-        return None
-
-    def kfd_properties(self) -> list[str]:
-        return self.kfd
-
-    def platform(self) -> tuple[str, str]:
-        return self.system
-
-    def which(self, name: str) -> str | None:
-        return f"/usr/bin/{name}" if name in self.tools else None
-
-    def exists(self, path: str) -> bool:
-        return path in self.files
+from tests.support.probes import CUBLAS, FakeProbes, captured
 
 
 def test_nvidia_smi_query_and_list_forms() -> None:
@@ -184,9 +140,6 @@ def test_unknown_backend_names_are_refused() -> None:
     assert parse_backend("auto") is None and parse_backend(" Metal ") is Backend.METAL
     with pytest.raises(ValueError, match="unknown backend 'rocm'"):
         parse_backend("rocm")
-
-
-CUBLAS = "/usr/lib/x86_64-linux-gnu/libcublas.so"  # Debian's nvidia-cuda-toolkit: nvcc in /usr/bin
 
 
 def test_build_plans_per_backend() -> None:

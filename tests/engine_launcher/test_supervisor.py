@@ -20,18 +20,10 @@ import pytest
 
 from engine_launcher.launch import free_port
 from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy, Warmup
+from tests.support.serve import alive
 
 CHILD = Path(__file__).with_name("fake_engine_child.py")
 FAST = RestartPolicy(start_timeout=20, stop_timeout=5, max_restarts=3, backoff_base=0.01, backoff_max=0.05)
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # gone, possibly between open and read
-        return False
 
 
 class Watched:
@@ -320,7 +312,7 @@ def test_the_engine_dies_with_a_killed_toolpair() -> None:
         [sys.executable, "-c", PARENT, str(CHILD), str(port), "serve", f"http://127.0.0.1:{port}/docs"],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         assert parent.stdout is not None

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from engine_launcher import models
+from tests.support.serve import ROOT, run_serve
 
-ROOT = Path(__file__).resolve().parent.parent
 AS_ROOT = os.geteuid() == 0
 
 
@@ -76,10 +76,7 @@ def shared() -> Iterator[Path]:
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*_as_other_user(), sys.executable, "-m", "proxy", "serve", "--port", "1", *args],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    return run_serve("--port", "1", *args, prefix=_as_other_user(), timeout=60, env=env)
 
 
 def _one_clear_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:

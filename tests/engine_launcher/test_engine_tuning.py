@@ -24,7 +24,7 @@ from openai import AsyncOpenAI
 
 from engine_launcher.machine import physical_cores, usable_cores
 from proxy.cli import main
-from tests.test_serve import ROOT, alive, children, cmdline, start_serve
+from tests.support.serve import ROOT, alive, children, cmdline, run_serve, start_serve
 
 
 @dataclass
@@ -223,13 +223,7 @@ def test_an_unknown_engine_arg_stops_serve_with_a_clear_error() -> None:
         ("port=1", "toolpair sets it itself"),
         ("novalue", "is not KEY=VALUE"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "proxy", "serve", "--engine-arg", arg],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
+        done = run_serve("--engine-arg", arg, timeout=120)
         assert done.returncode == 2 and message in done.stderr, (arg, done.stderr)
         assert "Traceback" not in done.stderr
 
@@ -250,9 +244,7 @@ def test_bad_knob_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_serve_help_groups_the_engine_knobs() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True, cwd=ROOT, check=True
-    )
+    done = run_serve("--help", timeout=120, check=True)
     out = done.stdout
     headings = ("model, context and memory:", "threads, batches and KV cache:", "GPU:", "listening, logging and")
     for heading in headings:

@@ -33,10 +33,10 @@ from engine_launcher.rpc import parse_endpoints, split_endpoint, unreachable
 from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
-from tests.test_backends import FakeProbes
-from tests.test_serve import client, launch_serve, ready_status, wait_ready
+from tests.support.probes import FakeProbes
+from tests.support.serve import client, launch_serve, ready_status, wait_ready
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HI = [{"role": "user", "content": "Say hi."}]
 
 

@@ -10,7 +10,6 @@ own log is the proof that the layers went to the Vulkan device.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -32,9 +31,9 @@ from engine_launcher.launch import free_port
 from engine_launcher.process import die_with_parent
 from tests.engine.test_engine_real import TWO_CALLS_GRAMMAR
 from tests.real_engine import offloaded_layers
-from tests.test_serve import wait_ready
+from tests.support.serve import start_serve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Content-Type": "application/json"}
 VULKAN_PYTHON = Path(os.environ.get("TOOLPAIR_VULKAN_PYTHON") or ROOT / ".venv-vulkan" / "bin" / "python")
 
@@ -76,25 +75,14 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     if vulkan_record_prefix() is None:
         pytest.skip(f"no Vulkan build of the engine at {VULKAN_PYTHON} (make vulkan-check)")
-    tmp = tmp_path_factory.mktemp("vulkan")
-    port = free_port()
-    out, err = tmp / "serve.out", tmp / "serve.err"
-    env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}  # serve must choose
-    process = subprocess.Popen(
+    process, url, out, err = start_serve(
+        tmp_path_factory.mktemp("vulkan"),
         # debug: the engine's own loader lines (which device got the layers) reach toolpair's log
-        [str(VULKAN_PYTHON), "-m", "proxy", "serve", "--port", str(port), "--ctx-size", "2048", "--log-level", "debug"],
-        stdout=out.open("wb"),
-        stderr=err.open("wb"),
-        env=env,
-        cwd=ROOT,
-        preexec_fn=die_with_parent(),
+        *("--ctx-size", "2048", "--log-level", "debug"),
+        python=VULKAN_PYTHON,
+        without=["GGML_VK_VISIBLE_DEVICES"],  # serve must choose
+        within=900,
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(url, process, within=900))
-    except BaseException:
-        process.kill()
-        raise AssertionError(f"serve on the Vulkan build failed:\n{err.read_text()[-4000:]}") from None
     # The first request compiles the device's pipelines (minutes on llvmpipe): a warm-up, not a test.
     warm = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(warm).encode(), JSON)

@@ -46,9 +46,9 @@ from engine_launcher.install import (
     wheel_command,
     wheel_dir,
 )
-from tests.test_backends import CUBLAS, FakeProbes
+from tests.support.probes import CUBLAS, FakeProbes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_PIP = """#!/bin/sh
 # Stands in for "python -m pip download ... -d DIR" (writes a small sdist with the RPC server's source)

@@ -1,6 +1,6 @@
 """A stand-in engine process for supervisor tests: a real process and real HTTP, with scripted behaviour.
 
-``python tests/fake_engine_child.py PORT MODE`` where MODE is one of:
+``python tests/engine_launcher/fake_engine_child.py PORT MODE`` where MODE is one of:
 
 - ``serve``: print a few lines, then answer ``GET /docs`` with 200 forever;
 - ``exit``: print a few lines, then exit with status 3 without listening;

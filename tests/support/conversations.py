@@ -1,0 +1,58 @@
+"""The conversation toolpair exists for, in Chat messages: one assistant turn making two calls at once,
+then their results, usually in the order the tools finished.
+
+Tests build it here rather than each writing its own copy; the builders keep every id, name,
+argument text and result that a test's assertions name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "RESULT_A",
+    "RESULT_B",
+    "TWO_CALLS",
+    "WEATHER_TOOL",
+    "assistant_calls",
+    "function_call",
+    "tool_result",
+    "weather_call",
+]
+
+
+def function_call(call_id: str, name: str = "f", arguments: str = "{}") -> dict[str, Any]:
+    """One entry of a Chat assistant message's ``tool_calls``."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def weather_call(call_id: str, city: str, *, compact: bool = True) -> dict[str, Any]:
+    """``get_weather(city)``; ``compact`` writes the arguments as '{"city":"X"}', else '{"city": "X"}'."""
+    arguments = json.dumps({"city": city}, separators=(",", ":") if compact else None)
+    return function_call(call_id, "get_weather", arguments)
+
+
+def assistant_calls(*calls: dict[str, Any], content: str | None = None) -> dict[str, Any]:
+    """The assistant turn that makes ``calls`` in parallel."""
+    return {"role": "assistant", "content": content, "tool_calls": list(calls)}
+
+
+def tool_result(call_id: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+TWO_CALLS = assistant_calls(function_call("call_a"), function_call("call_b"))
+"""Two parallel calls of ``f`` with no arguments, ids ``call_a`` then ``call_b``."""
+RESULT_A = tool_result("call_a", "1")
+RESULT_B = tool_result("call_b", "2")
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+"""The Chat tool that ``weather_call`` calls."""
