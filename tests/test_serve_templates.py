@@ -14,6 +14,7 @@ import asyncio
 import json
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -203,16 +204,12 @@ def test_a_template_file_without_special_tokens_still_answers(tmp_path: Path) ->
     assert answer.choices[0].message.content
 
 
-# --- a template that demands its own tool-call IDs ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mistral_nemo_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Mistral Nemo's template refuses any tool-call ID that is not nine alphanumerics."""
-    tmp = tmp_path_factory.mktemp("mistral-nemo-template")
-    text = (Path(survey.fetch_templates()) / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+@contextmanager
+def served_with_template(tmp: Path, name: str, *, bos: str, eos: str) -> Iterator[str]:
+    """``toolpair serve`` with llama.cpp's template ``name`` as its ``--chat-template-file``; stopped at the end."""
+    text = (Path(survey.fetch_templates()) / f"{name}.jinja").read_text()
     config = tmp / "tokenizer_config.json"
-    config.write_text(json.dumps({"chat_template": text, "bos_token": "<s>", "eos_token": "</s>"}))
+    config.write_text(json.dumps({"chat_template": text, "bos_token": bos, "eos_token": eos}))
     process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
     try:
         yield url
@@ -220,6 +217,18 @@ def mistral_nemo_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         process.send_signal(signal.SIGTERM)
         process.wait(60)
         assert "Traceback" not in err.read_text()
+
+
+# --- a template that demands its own tool-call IDs ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mistral_nemo_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Mistral Nemo's template refuses any tool-call ID that is not nine alphanumerics."""
+    with served_with_template(
+        tmp_path_factory.mktemp("mistral-nemo-template"), "mistralai-Mistral-Nemo-Instruct-2407", bos="<s>", eos="</s>"
+    ) as url:
+        yield url
 
 
 async def test_mistral_nemo_answers_a_claude_code_history_with_toolu_ids(mistral_nemo_served: str) -> None:
@@ -260,17 +269,10 @@ def exact_text_grammar(text: str) -> str:
 @pytest.fixture(scope="module")
 def qwen35_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Qwen3.5's prompt block holds both an opened and a closed <think>; with thinking on it opens."""
-    tmp = tmp_path_factory.mktemp("qwen3.5-template")
-    text = (Path(survey.fetch_templates()) / "Qwen3.5-4B.jinja").read_text()
-    config = tmp / "tokenizer_config.json"
-    config.write_text(json.dumps({"chat_template": text, "bos_token": "", "eos_token": "<|im_end|>"}))
-    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
-    try:
+    with served_with_template(
+        tmp_path_factory.mktemp("qwen3.5-template"), "Qwen3.5-4B", bos="", eos="<|im_end|>"
+    ) as url:
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
-        assert "Traceback" not in err.read_text()
 
 
 QWEN35_REPLY = "Paris is warmer.\n</think>\n\nIt is sunny in Paris."
@@ -317,17 +319,10 @@ async def test_qwen35_reasoning_opened_by_its_prompt_goes_to_the_reasoning_field
 @pytest.fixture(scope="module")
 def qwen3_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """serve with Qwen3's own template: ``enable_thinking`` false adds an empty think block to the prompt."""
-    tmp = tmp_path_factory.mktemp("qwen3-template")
-    text = (Path(survey.fetch_templates()) / "Qwen-Qwen3-0.6B.jinja").read_text()
-    config = tmp / "tokenizer_config.json"
-    config.write_text(json.dumps({"chat_template": text, "bos_token": "", "eos_token": "<|im_end|>"}))
-    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
-    try:
+    with served_with_template(
+        tmp_path_factory.mktemp("qwen3-template"), "Qwen-Qwen3-0.6B", bos="", eos="<|im_end|>"
+    ) as url:
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
-        assert "Traceback" not in err.read_text()
 
 
 async def test_anthropic_thinking_turns_the_templates_switch_and_count_tokens_follows(qwen3_served: str) -> None:
