@@ -2,12 +2,13 @@
 """``toolpair serve`` reading a family's own call format back, through the real engine.
 
 The bundled model cannot write gpt-oss's or DeepSeek's calls by itself, so a GBNF ``grammar`` in
-the request forces it to write exactly the text that family's template renders (gpt-oss,
-DeepSeek V3.1, Kimi K2; GLM 4.7, MiniMax M2 and Gemma 4 from the turn ``check-template`` has the
-template write) for two parallel calls; the family's template is serve's ``--chat-template-file``, so serve detects the format from
-it as it would for the real model. What comes back must be the two calls, with no markup left in
-the content, Chat stream and not. (Anthropic Messages cannot be forced this way: its translation
-to Chat does not carry ``grammar`` to the engine.)
+the request forces it to write exactly the text that family's template renders for two parallel
+calls (gpt-oss, DeepSeek V3.1, Kimi K2; GLM 4.7, MiniMax M2 and Gemma 4 from the turn
+``check-template`` has the template write). The family's template is serve's
+``--chat-template-file``, so serve detects the format from it as it would for the real model.
+What comes back must be the two calls, with no markup left in the content, Chat stream and not.
+(Anthropic Messages cannot be forced this way: its translation to Chat does not carry
+``grammar`` to the engine.)
 """
 
 from __future__ import annotations
