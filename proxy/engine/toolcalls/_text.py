@@ -143,6 +143,8 @@ class TextExtractor:
         self._options = options
         self._ids = ids
         self._markers = FORMATS[options.calls] if options.calls else ()
+        self._marker_starts = frozenset(m[0] for m in self._markers)
+        """The characters a marker starts with: a piece with none of them holds no call (:meth:`feed`)."""
         self._bare = _BARE_OPENERS.get(options.calls or "") if options.tools else None
         if not options.reasoning:
             self._phase = "content"
@@ -170,6 +172,30 @@ class TextExtractor:
         """Calls left out because ``parallel`` is off."""
 
     def feed(self, text: str) -> list[Event]:
+        # The common piece, a few characters of plain content with at most whitespace held back, is
+        # content as it is (its own trailing whitespace held, as _content holds it): this path skips
+        # the state machine, and it is where a reply spends its time.
+        if (
+            self._phase == "content"
+            and not self._trim
+            and (not self._at_start or self._bare is None)
+            and (not self._buffer or self._buffer.isspace())
+            and self._marker_starts.isdisjoint(text)
+        ):
+            body = text.rstrip()
+            if not body:
+                self._buffer += text
+                return []
+            held, self._buffer = self._buffer, text[len(body) :]
+            return [Content(held + body)]
+        if (
+            self._phase == "reasoning"
+            and not self._trim
+            and not self._buffer
+            and text
+            and self._think_close[0] not in text
+        ):
+            return [Reasoning(text)]
         self._buffer += text
         return self._run(final=False)
 
