@@ -44,7 +44,6 @@ UNREAD = {
     "GigaChat3.1-10B-A1.8B": "GigaChat 3.1 (<|function_call|>)",
     "google-gemma-4-31B-it": "Gemma 4 (<|tool_call>call:NAME{...})",
     "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
-    "LFM2.5-8B-A1B": "LFM2.5 (<|tool_call_start|>[f(a=1)], Python calls)",
     "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
     "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
