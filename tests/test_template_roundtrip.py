@@ -42,7 +42,6 @@ UNREAD = {
     "deepseek-ai-DeepSeek-V3.2": "DeepSeek V3.2 (DSML)",
     "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",
     "GigaChat3.1-10B-A1.8B": "GigaChat 3.1 (<|function_call|>)",
-    "google-gemma-4-31B-it": "Gemma 4 (<|tool_call>call:NAME{...})",
     "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
     "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
