@@ -205,7 +205,13 @@ class TextExtractor:
             self._buffer = stripped[len(self._think_open) :]
             self._phase, self._trim = "reasoning", True
             return True
-        if not final and self._think_open.startswith(stripped):
+        if stripped.startswith(self._think_close):
+            # An empty block whose opener the prompt wrote: DeepSeek V3.2's history renders a turn
+            # as ``</think>`` then its calls, so the model writes that close when the prompt opened none.
+            self._buffer = stripped[len(self._think_close) :]
+            self._phase, self._trim = "content", True
+            return True
+        if not final and (self._think_open.startswith(stripped) or self._think_close.startswith(stripped)):
             return False
         self._phase = "content"
         return True
