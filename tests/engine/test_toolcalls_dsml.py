@@ -82,3 +82,11 @@ def test_parallel_off_keeps_the_first() -> None:
         rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml", tools=TOOLS, parallel=False)
     )
     assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+
+
+def test_v3_2_s_close_of_an_empty_think_before_the_calls_is_not_content() -> None:
+    """V3.2's history renders a turn as ``</think>`` then its calls; with reasoning on, that close is dropped."""
+    text = "</think>\n\n" + rendered_reply(
+        "deepseek-ai-DeepSeek-V3.2", "</｜DSML｜function_calls>", start="<｜DSML｜function_calls>"
+    )
+    assert_read_back(text, ExtractOptions(calls="dsml", tools=TOOLS, reasoning=True), content="")

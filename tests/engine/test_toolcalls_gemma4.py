@@ -12,6 +12,7 @@ from tests.engine.template_replies import (
     assert_read_back,
     assert_stays_content,
     calls_of,
+    content_of,
     extract,
     rendered_reply,
     template_text,
@@ -69,3 +70,14 @@ def test_parallel_off_keeps_the_first() -> None:
     options = ExtractOptions(calls="gemma4", tools=TOOLS, parallel=False)
     events, extractor = extract(gemma_reply(TEMPLATES[0]), options)
     assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+
+
+def test_the_31b_template_s_hand_over_after_the_calls_is_the_turn_s_close() -> None:
+    """Gemma 4 31B's template ends a turn of calls with ``<|tool_response>``, not ``<turn|>``."""
+    text = gemma_reply(TEMPLATES[0])
+    calls = text[: text.rindex("<tool_call|>") + len("<tool_call|>")]
+    assert_read_back(calls + "<|tool_response>", GEMMA4, content="")
+    events, _ = extract(calls + "<|tool_response> Sure.", GEMMA4)
+    assert calls_of(events) == CALLS and content_of(events) == "Sure."
+    events, _ = extract(calls + "<|tool_respite", GEMMA4)  # only the whole marker is the close
+    assert calls_of(events) == CALLS and content_of(events) == "<|tool_respite"

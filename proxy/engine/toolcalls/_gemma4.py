@@ -26,6 +26,10 @@ __all__ = ["GEMMA4_OPEN", "Gemma4Parser", "read_gemma_value"]
 GEMMA4_OPEN = "<|tool_call>"
 _CLOSE = "<tool_call|>"
 _QUOTE = '<|"|>'
+_HANDOVER = "<|tool_response>"
+"""What Gemma 4 31B's template writes right after a turn's last call instead of ``<turn|>``: the
+model hands the turn over to the tools with it. It is the turn's close, not content; an engine
+that does not stop on it leaves it in the text, so a parser takes it with the call before it."""
 _HEAD = re.compile(r"\s*call:([^\s{<>]+)\s*")
 _KEY = re.compile(r"\s*([^\s:,{}\[\]<>]+)\s*:")
 _WORD = re.compile(r"[^,{}\[\]<]+")
@@ -114,7 +118,8 @@ def read_gemma_value(text: str) -> Any:
 
 
 class Gemma4Parser:
-    """Reads ``call:NAME{…}`` up to ``<tool_call|>`` after a ``<|tool_call>`` marker."""
+    """Reads ``call:NAME{…}`` up to ``<tool_call|>`` after a ``<|tool_call>`` marker, and a
+    ``<|tool_response>`` hand-over right after it."""
 
     counts_malformed = True
 
@@ -137,4 +142,10 @@ class Gemma4Parser:
             return Step("fail")
         if not isinstance(arguments, dict):
             return Step("fail")
-        return Step("done", end + len(_CLOSE), [ParsedCall(head.group(1), dump_arguments(arguments))])
+        consumed = end + len(_CLOSE)
+        after = text[consumed : consumed + len(_HANDOVER)]
+        if after == _HANDOVER:
+            consumed += len(_HANDOVER)
+        elif not final and _HANDOVER.startswith(after):
+            return Step("more")  # the hand-over may be coming
+        return Step("done", consumed, [ParsedCall(head.group(1), dump_arguments(arguments))])

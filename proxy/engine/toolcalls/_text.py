@@ -42,6 +42,7 @@ from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
 from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
+from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
@@ -74,6 +75,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "apriel": (MINIMAX_M1_OPEN,),
     "dsml": DSML_OPENERS,
     "gemma4": (GEMMA4_OPEN,),
+    "lfm2": (LFM2_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -84,6 +86,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         MINIMAX_M1_OPEN,
         *DSML_OPENERS,
         GEMMA4_OPEN,
+        LFM2_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -228,7 +231,13 @@ class TextExtractor:
             self._buffer = stripped[len(self._think_open) :]
             self._phase, self._trim = "reasoning", True
             return True
-        if not final and self._think_open.startswith(stripped):
+        if stripped.startswith(self._think_close):
+            # An empty block whose opener the prompt wrote: DeepSeek V3.2's history renders a turn
+            # as ``</think>`` then its calls, so the model writes that close when the prompt opened none.
+            self._buffer = stripped[len(self._think_close) :]
+            self._phase, self._trim = "content", True
+            return True
+        if not final and (self._think_open.startswith(stripped) or self._think_close.startswith(stripped)):
             return False
         self._phase = "content"
         return True
@@ -341,6 +350,8 @@ class TextExtractor:
             return InvokeParser(MINIMAX_M2, self._options.tools)
         if marker in DSML_OPENERS:
             return InvokeParser(DSML, self._options.tools)
+        if marker == LFM2_OPEN:
+            return Lfm2Parser()
         if marker == GEMMA4_OPEN:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
