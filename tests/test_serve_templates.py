@@ -112,9 +112,9 @@ ANTHROPIC_HISTORY: list[Any] = [
 ]
 
 
-async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen3_coder_served: str) -> None:
-    """Two calls of one tool, results in finish order: the main case, on a template that needs objects."""
-    messages: list[Any] = [
+def weather_results_in_finish_order() -> list[Any]:
+    """Two calls of one tool, and their results in the order they finished (Oslo's first)."""
+    return [
         {"role": "user", "content": "Weather in Paris and Oslo?"},
         {
             "role": "assistant",
@@ -124,6 +124,11 @@ async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen
         {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C"},
         {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C"},
     ]
+
+
+async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen3_coder_served: str) -> None:
+    """Two calls of one tool, results in finish order: the main case, on a template that needs objects."""
+    messages = weather_results_in_finish_order()
     async with client(qwen3_coder_served) as api:
         for stream in (False, True):
             if stream:
@@ -243,16 +248,7 @@ async def test_mistral_nemo_answers_a_claude_code_history_with_toolu_ids(mistral
 
 
 async def test_mistral_nemo_answers_chat_tool_results_with_openai_ids(mistral_nemo_served: str) -> None:
-    messages: list[Any] = [
-        {"role": "user", "content": "Weather in Paris and Oslo?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [_call("call_paris", '{"city": "Paris"}'), _call("call_oslo", '{"city": "Oslo"}')],
-        },
-        {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C"},
-        {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C"},
-    ]
+    messages = weather_results_in_finish_order()
     async with client(mistral_nemo_served) as api:
         done = await api.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=8)
     assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
