@@ -367,8 +367,8 @@ def written_turn(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP
                 continue
             if not all(name in text for name, _ in chosen):
                 continue
-            if closing and text.rstrip().endswith(closing):
-                text = text.rstrip()[: -len(closing)]
+            if closing and closing in text:  # the model stops at its first end of turn
+                text = text[: text.find(closing)]
             return WrittenTurn(text, chosen)
     return None
 
