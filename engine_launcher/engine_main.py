@@ -17,7 +17,8 @@ or writes the rest. And the cache counts each entry's logits and token arrays
 against its bound, so ``cache_size`` is what the cache holds.
 
 Also here, before the model loads: :func:`keep_weights_off_amx`,
-:func:`render_chat_templates_as_models_expect`, and :func:`take_template_kwargs_per_request`.
+:func:`render_chat_templates_as_models_expect`, :func:`take_template_kwargs_per_request` and
+:func:`write_control_tokens_as_text`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "main",
     "render_chat_templates_as_models_expect",
     "take_template_kwargs_per_request",
+    "write_control_tokens_as_text",
 ]
 
 AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
@@ -179,6 +181,35 @@ def take_template_kwargs_per_request() -> None:
     types._toolpair_template_kwargs = True
 
 
+def write_control_tokens_as_text() -> None:
+    """Have the engine's completions spell out the control tokens the model writes, as its template does.
+
+    llama-cpp-python (0.3.36) turns a completion's tokens into text without their special pieces,
+    so a control token comes back as nothing. Most call and reasoning markers are control tokens
+    in a GGUF: the conversion marks every ``<|...|>`` token (and DeepSeek's fullwidth-bar ones), and every
+    token the tokenizer calls special, as one (gpt-oss's ``<|channel|>``, DeepSeek's tool-calls
+    section token, Kimi's ``<|tool_calls_section_begin|>``, LFM2's
+    ``<|tool_call_start|>``). Dropped, a call is left as bare arguments in the content, and
+    toolpair's readers (:mod:`proxy.engine.toolcalls`) never see where it starts. The completion
+    path detokenizes with ``prev_tokens``; there the pieces are kept. The end-of-generation token
+    that stops a reply is never part of its text either way, and ``/extras/detokenize`` (no
+    ``prev_tokens``) is unchanged. llama-server keeps the markers of the format it parses
+    (its preserved tokens) for the same reason. Call before the server module is imported.
+    """
+    llama: Any = importlib.import_module("llama_cpp.llama")
+    if getattr(llama.Llama, "_toolpair_control_tokens", False):
+        return
+    detokenize = llama.Llama.detokenize
+
+    def detokenize_completions_with_control_tokens(
+        self: Any, tokens: Any, prev_tokens: Any = None, special: bool = False
+    ) -> bytes:
+        return bytes(detokenize(self, tokens, prev_tokens=prev_tokens, special=special or prev_tokens is not None))
+
+    llama.Llama.detokenize = detokenize_completions_with_control_tokens
+    llama.Llama._toolpair_control_tokens = True
+
+
 def extra_buffer_types() -> list[str]:
     """The names of the CPU backend's extra weight buffer types in the loaded ggml (``AMX``, ``CPU_REPACK``, ...).
 
@@ -252,6 +283,7 @@ def main() -> None:
     bound_prompt_cache()
     render_chat_templates_as_models_expect()
     take_template_kwargs_per_request()
+    write_control_tokens_as_text()
     keep_weights_off_amx()
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

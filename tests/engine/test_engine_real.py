@@ -204,3 +204,20 @@ async def test_a_streamed_prompt_longer_than_the_context_is_an_error_not_an_empt
         async for _ in await through.chat.completions.create(**request):
             pass
     assert refused.value.status_code == 400
+
+
+async def test_control_tokens_the_model_writes_reach_the_reply_as_text(
+    clients: tuple[AsyncOpenAI, AsyncOpenAI],
+) -> None:
+    """Call markers are control tokens in a GGUF (``<|...|>``): llama-cpp-python alone writes them as nothing.
+
+    ``<start_of_turn>`` (token 105) is the bundled model's one control token that does not end a
+    reply; the grammar makes the model write that token itself, not its characters.
+    """
+    through, direct = clients
+    forced = {"max_tokens": 8, "temperature": 0, "extra_body": {"grammar": 'root ::= "a" <[105]> "b"'}}
+    for client in (direct, through):
+        reply = await client.chat.completions.create(model="m", messages=[USER], **forced)
+        assert reply.choices[0].message.content == "a<start_of_turn>b"
+        chunks = await client.chat.completions.create(model="m", messages=[USER], stream=True, **forced)
+        assert "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices]) == "a<start_of_turn>b"
