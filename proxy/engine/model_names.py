@@ -35,6 +35,7 @@ from proxy.config import ConfigError
 __all__ = [
     "MODELS_PATH",
     "NO_MODELS",
+    "NO_NAMES",
     "EngineModels",
     "MapEntry",
     "ModelNames",
@@ -130,7 +131,8 @@ class ModelPlan:
     """The client's ``model``; None when it sent none, or not a string (the engine answers that)."""
     send: str | None
     reason: str
-    """``map`` (an entry matched), ``one_model`` (the engine's only model), ``as_asked``."""
+    """``map`` (an entry matched), ``one_model`` (the engine's only model), ``setting`` (``messages_model``),
+    ``as_asked``."""
     entry: MapEntry | None = None
 
     @property
@@ -170,6 +172,21 @@ class ModelNames:
         """The plan for a decoded request body (anything but an object asks for no name)."""
         return plan_model(body.get("model") if isinstance(body, dict) else None, self.model_map, self.engine_models)
 
+    def plan_with(self, body: object, setting: str | None) -> ModelPlan:
+        """The plan where a setting may name the model for a whole route (``messages_model``): it wins.
+
+        >>> NO_NAMES.plan_with({"model": "claude-x"}, "gemma").reason
+        'setting'
+        """
+        if not setting:
+            return self.plan(body)
+        asked = body.get("model") if isinstance(body, dict) else None
+        return ModelPlan(asked if isinstance(asked, str) else None, setting, "setting")
+
+
+NO_NAMES = ModelNames()
+"""No map, no list: every name goes as sent."""
+
 
 def with_model(body: Body, plan: ModelPlan) -> Body:
     """``body`` sending the planned name; the same object when the name does not change.
@@ -182,7 +199,7 @@ def with_model(body: Body, plan: ModelPlan) -> Body:
     """
     if not plan.changed or plan.send is None:
         return body
-    return {**body, "model": plan.send}
+    return {**body, "model": plan.send}  # a setting names the model even for a request that named none
 
 
 _MODEL_VALUE = re.compile(rb'"model"(\s*):(\s*)"(?:[^"\\]|\\.)*"')
