@@ -59,7 +59,7 @@ def small_request() -> bytes:
         {"role": "system", "content": "You are a helpful assistant. " * 36},
         {"role": "user", "content": "What is the weather in Paris and Oslo today? Answer briefly. " * 16},
     ]
-    return orjson.dumps({"model": "m", "messages": messages, "temperature": 0.2, "max_tokens": 64})
+    return orjson.dumps({"model": "mock", "messages": messages, "temperature": 0.2, "max_tokens": 64})
 
 
 def large_request() -> bytes:
@@ -99,7 +99,7 @@ def large_request() -> bytes:
     messages.append({"role": "assistant", "content": "Both files read. " * 20})
     messages.append({"role": "user", "content": "Now fix the bug. " * 20})
     messages.append({"role": "user", "content": "And add a test. " * 20})
-    body = orjson.dumps({"model": "m", "messages": messages, "tools": tools})
+    body = orjson.dumps({"model": "mock", "messages": messages, "tools": tools})
     return body
 
 
@@ -305,7 +305,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             results["small_bytes"], results["large_bytes"] = len(small), len(large)
             results["small"] = await latency(session, contest, small, args.n)
             results["large_reorder"] = await latency(session, contest, large, args.n)
-            stream_body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+            hi = [{"role": "user", "content": "hi"}]
+            stream_body = orjson.dumps({"model": "mock", "messages": hi, "stream": True})
             chunks = 0
 
             async def measure_stream(url: str) -> float:

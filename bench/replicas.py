@@ -275,12 +275,13 @@ async def conversation(session: aiohttp.ClientSession, url: str, index: int, loa
             turn = Turn(index, kind, number, attempt, stream, started=time.monotonic())
             headers = {"X-Toolpair-Conversation" if roaming else header: uuid.uuid4().hex if roaming else key}
             if kind == "responses":
-                body: dict[str, Any] = {"model": "m", "input": question, "stream": stream}
+                body: dict[str, Any] = {"model": "mock", "input": question, "stream": stream}
                 if previous_id:
                     body["previous_response_id"] = previous_id
                     turn.previous_replica = previous_replica
             else:
-                body = {"model": "m", "messages": [*history, {"role": "user", "content": question}], "stream": stream}
+                messages = [*history, {"role": "user", "content": question}]
+                body = {"model": "mock", "messages": messages, "stream": stream}
             try:
                 text = await _turn(session, url, body, headers, turn, load)
                 if not turn.failure and _seen(text) != 2 * number - 1:

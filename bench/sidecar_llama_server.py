@@ -90,6 +90,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = start([
         llama_server(), "-m", model, "--jinja", "--host", "127.0.0.1", "--port", str(engine_port),
         "-c", "4096", "-np", "1", "-t", str(args.threads),
+        "--alias", "m",  # the name the requests ask for: they pass as sent (no model-name rewrite)
     ])  # fmt: skip
     floor_script = str(ROOT / "bench" / "proxy_overhead.py")
     floor_proxy = start([sys.executable, floor_script, "--serve-floor", direct, "--port", str(floor_port)])

@@ -34,6 +34,7 @@ from proxy.app import create_app
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
 from proxy.engine.detect import Detection, engine_lines, resolve_engine
 from proxy.engine.kinds import EngineKind
+from proxy.engine.model_names import model_line, parse_model_map
 from proxy.engine.plan import TOOL_CALL_FORMATS, engine_setup, settings_for_engine
 from proxy.engine.template_readback import read_back
 from proxy.normalize import cli as normalize_cli
@@ -274,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(translate); auto: native for llama-server, translate otherwise",
     )
     _add_engine_options(proxy)
+    proxy.add_argument(
+        "--model-map",
+        dest="model_map",
+        action="append",
+        metavar="PATTERN=MODEL",
+        help="send MODEL to the engine for a requested model name matching the glob PATTERN (repeatable, first "
+        "match wins; answers carry the client's name). Without one, an engine listing one model gets it for "
+        "names it does not know",
+    )
     _add_store_options(proxy)
     proxy.add_argument(
         "--messages-mode",
@@ -446,6 +456,7 @@ def load_proxy_settings(args: argparse.Namespace) -> Settings:
         "upstream",
         "responses_mode",
         "messages_mode",
+        "model_map",
         "engine_kind",
         "tool_call_format",
         "chat_template",
@@ -456,6 +467,7 @@ def load_proxy_settings(args: argparse.Namespace) -> Settings:
     problem = upstream_key_problem(settings)
     if problem is not None:
         raise ConfigError(problem)
+    parse_model_map(settings.model_map)  # a bad entry is refused before anything starts
     return settings
 
 
@@ -522,9 +534,10 @@ def proxy_banner(settings: Settings, found: Detection | None) -> str:
         f"toolpair {__version__} in front of {upstream}, listening on {base}",
         *engine_lines(settings, found),
         *_tool_call_lines(settings),
+        model_line(parse_model_map(settings.model_map), None),
         f"  /metrics:       the engine's own, toolpair's families appended; toolpair's alone: {TOOLPAIR_METRICS_PATH}",
         f"  credentials:    {credentials}",
-        "  override:       --engine-kind, --messages-mode, --responses-mode",
+        "  override:       --engine-kind, --messages-mode, --responses-mode, --model-map",
         f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
         f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
     ]

@@ -135,6 +135,8 @@ class Settings:
     # Anthropic Messages (/v1/messages, /v1/messages/count_tokens)
     messages_mode: ApiMode = ApiMode.AUTO
     messages_model: str | None = None
+    # model names (issue 27): PATTERN=MODEL entries, first match wins (proxy.engine.model_names)
+    model_map: list[str] = field(default_factory=list)
     normalize_billing_stamp: bool = True
     messages_ping_interval: float = 5.0
     count_tokens_template: str | None = None

@@ -120,6 +120,8 @@ class MockEngine:
         """Answer llama-cpp-python's ``/extras/tokenize/count`` (one token per word, plus a BOS)."""
         self.echo_count = echo_count
         """Chat replies start with ``seen=N``, N the messages received: shows whether history arrived."""
+        self.models = ["mock"]
+        """What ``/v1/models`` lists."""
         self.app = web.Application(client_max_size=1 << 30)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner: web.AppRunner | None = None
@@ -177,7 +179,8 @@ class MockEngine:
         if self.tokenizer and request.path == "/extras/tokenize/count":
             return web.json_response({"count": len(str(received.json().get("input", "")).split()) + 1})
         if request.path.endswith("/models"):
-            return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+            listed = [{"id": model, "object": "model"} for model in self.models]
+            return web.json_response({"object": "list", "data": listed})
         return web.json_response(
             {"method": request.method, "path": request.path, "query": request.query_string, "echo": len(received.body)}
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from proxy.cli import build_parser, load_proxy_settings, proxy_banner
 from proxy.config import ConfigError, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,3 +149,25 @@ def test_a_renamed_setting_is_an_error_not_silently_ignored(tmp_path: Path) -> N
     file.write_text("engine_max_ctx: 8192\n")
     with pytest.raises(ConfigError, match=r"'engine_max_ctx' in .* is gone: use 'engine_ctx_size'"):
         load_settings(env={}, config_file=file)
+
+
+def test_the_model_map_from_the_command_line_the_environment_and_a_file(tmp_path: Path) -> None:
+    parser = build_parser()
+    flags = ["proxy", "--upstream", "http://127.0.0.1:9", "--model-map", "claude-*haiku*=small"]
+    args = parser.parse_args([*flags, "--model-map", "claude-*=big"])
+    assert load_proxy_settings(args).model_map == ["claude-*haiku*=small", "claude-*=big"]  # in order
+    config = tmp_path / "c.yaml"
+    config.write_text('model_map: ["gpt-*=big", "local-model=small"]\n')
+    assert load_settings({}, {}, config).model_map == ["gpt-*=big", "local-model=small"]
+    assert load_settings({}, {"TOOLPAIR_MODEL_MAP": "gpt-*=big, o?=small"}).model_map == ["gpt-*=big", "o?=small"]
+    banner = proxy_banner(load_proxy_settings(args), None)
+    assert "  model names:    claude-*haiku*=small, claude-*=big (first match;" in banner
+
+
+def test_a_bad_model_map_entry_is_refused_before_anything_starts() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "proxy", "proxy", "--upstream", "http://127.0.0.1:9", "--model-map", "claude-*"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "model_map: 'claude-*' is not PATTERN=MODEL" in run.stderr

@@ -40,6 +40,7 @@ from multidict import CIMultiDict
 
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
+from proxy.engine.model_names import ModelNames
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
 from proxy.engine.queueing import EnginePool, conversation_key
 from proxy.engine.stop_sequences import EndMarkerGuard, strip_end_marker_prefix
@@ -250,6 +251,11 @@ class EngineClient:
     def setup(self) -> EngineSetup:
         """The setup for the engine found now (the watch owns it: a sidecar's engine may change)."""
         return self.engine.setup
+
+    @property
+    def model_names(self) -> ModelNames:
+        """What decides each request's model name now (the watch owns it: the engine's list may change)."""
+        return self.engine.model_names
 
     @asynccontextmanager
     async def admitted(self, request: web.Request, chat: Body | None = None) -> AsyncIterator[EngineCall]:

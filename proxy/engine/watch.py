@@ -15,6 +15,9 @@ its own) is known from the start: nothing is asked and nothing is gated. So is a
 ``auto`` kind when nobody asked for it to be found (``find`` false: an app built
 in-process, whose ``auto`` has always meant ``generic``).
 
+The engine's ``/v1/models`` is read with each detection: what it lists decides model names with
+the settings' ``model_map`` (:mod:`proxy.engine.model_names`; :attr:`EngineWatch.model_names`).
+
 The decision is :func:`proxy.engine.detect.detect_engine`'s (pure); this module is the I/O
 around it.
 """
@@ -32,6 +35,15 @@ import orjson
 
 from proxy.config import ApiMode, EngineKind, Settings
 from proxy.engine.detect import PROBE_PATHS, Detection, ProbeAnswer, api_modes, detect_engine, engine_lines
+from proxy.engine.model_names import (
+    MODELS_PATH,
+    NO_MODELS,
+    EngineModels,
+    ModelNames,
+    listed_models,
+    model_line,
+    parse_model_map,
+)
 from proxy.engine.plan import EngineSetup, engine_setup, settings_for_engine
 from proxy.engine.upstream import Upstream
 from proxy.errors import EngineUnavailableError, UpstreamError
@@ -55,11 +67,15 @@ class EngineFound:
     modes: Mapping[str, ApiMode]
     at: float
     """Wall-clock time of the detection (``time.time()``)."""
+    models: EngineModels = NO_MODELS
+    """What the engine listed at ``/v1/models`` when it was found (nothing, for a kind named in the settings)."""
 
 
-def _found(settings: Settings, detection: Detection, template: str | None) -> EngineFound:
+def _found(
+    settings: Settings, detection: Detection, template: str | None, models: EngineModels = NO_MODELS
+) -> EngineFound:
     resolved = settings_for_engine(dataclasses.replace(settings, engine_kind=detection.kind), template)
-    return EngineFound(detection, resolved, engine_setup(resolved), api_modes(resolved), time.time())
+    return EngineFound(detection, resolved, engine_setup(resolved), api_modes(resolved), time.time(), models)
 
 
 def _utc(at: float) -> str:
@@ -100,6 +116,8 @@ class EngineWatch:
         self._asked = 0
         """How many detections were made: callers that waited for one in progress take its answer."""
         self._changed = asyncio.Event()
+        self._model_map = parse_model_map(settings.model_map)
+        self._names = ModelNames(self._model_map)
 
     # --- what handlers read (no I/O) ---
 
@@ -119,6 +137,11 @@ class EngineWatch:
     @property
     def setup(self) -> EngineSetup:
         return self._found.setup if self._found is not None else self._fallback
+
+    @property
+    def model_names(self) -> ModelNames:
+        """What decides each request's model name now: the settings' map and the engine's list."""
+        return self._names
 
     def mode(self, api_path: str) -> ApiMode:
         """``native`` or ``translate`` for ``/v1/messages`` or ``/v1/responses`` with the engine found now."""
@@ -182,6 +205,7 @@ class EngineWatch:
             answers = [await _probe(upstream, PROBE_PATHS[0])]
             if answers[0].status is not None:
                 answers += [await _probe(upstream, path) for path in PROBE_PATHS[1:]]
+                models = listed_models((await _probe(upstream, MODELS_PATH)).body)
             else:
                 errors = f"{answers[0].path}: {answers[0].error}"
                 if self._unanswered in (None, "not asked yet"):
@@ -193,15 +217,16 @@ class EngineWatch:
                     )
                 self._unanswered = errors
                 return
-            self._take(detect_engine(answers))
+            self._take(detect_engine(answers), models)
 
-    def _take(self, detection: Detection) -> None:
+    def _take(self, detection: Detection, models: EngineModels) -> None:
         before = self._found
-        self._found = _found(self._settings, detection, self._template)
+        self._found = _found(self._settings, detection, self._template, models)
+        self._names = ModelNames(self._model_map, models)
         self._unanswered = None
         again = "again " if before is not None else ""
         log.info("engine found %sat %s:", again, _utc(self._found.at))
-        for line in engine_lines(self._found.settings, detection):
+        for line in (*engine_lines(self._found.settings, detection), model_line(self._model_map, models)):
             log.info("%s", line)
 
     async def run(self, upstream: Upstream) -> None:

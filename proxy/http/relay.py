@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.engine.adapt import refuse_completion_logprobs
 from proxy.engine.client import EngineCall, decode_completion, engine_message
+from proxy.engine.model_names import ModelPlan, restore_model
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, UpstreamError, UpstreamStatusError, error_event
 from proxy.http.body import read_body
@@ -44,6 +45,7 @@ async def relay(
     raw: bool,
     completions: bool = False,
     on_empty: Callable[[], Awaitable[None]] | None = None,
+    model: ModelPlan | None = None,
 ) -> web.StreamResponse:
     """Relay an engine response to the client.
 
@@ -51,14 +53,22 @@ async def relay(
     stream is relayed whole frames at a time, so a failure can be reported in-band without a
     half-written frame before it; the client's response starts with the first frame, so a stream
     that ends before it is a plain HTTP error (``on_empty`` may raise the engine's own).
+
+    ``model``: the request's model plan; when the engine got another name than the client's, the
+    answer names the client's again (:func:`~proxy.engine.model_names.restore_model`, on whole frames,
+    or on a plain body read whole), else its bytes pass as they came.
     """
+    rename = model if model is not None and model.changed and not raw else None
     headers = forwardable_headers(response.headers, () if raw else _RELAY_DROP)
     is_sse = response.content_type == "text/event-stream"
     length = response.content_length
-    if not is_sse and length is not None and length <= _BUFFER_LIMIT and request.method != "HEAD":
+    whole = (length is not None and length <= _BUFFER_LIMIT) or rename is not None
+    if not is_sse and whole and request.method != "HEAD":
         body = await call.read(response)
         if completions:
             body = _check_completion(body, response.status, call.upstream.base_url)
+        if rename is not None:
+            body = restore_model(body, rename)
         return web.Response(status=response.status, reason=response.reason, headers=headers, body=body)
     if raw and length is not None:
         headers["Content-Length"] = str(length)
@@ -79,6 +89,8 @@ async def relay(
             if frames:
                 if checks is not None:
                     checks.feed(frames)
+                if rename is not None:
+                    frames = restore_model(frames, rename)
                 if not out.prepared:
                     await out.prepare(request)
                 await out.write(frames)

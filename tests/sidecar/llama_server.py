@@ -28,9 +28,11 @@ from engine_launcher.models import bundled_model
 from engine_launcher.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
 
-__all__ = ["RecordingHop", "Sent", "llama_server_binary", "start_llama_server", "start_sidecar"]
+__all__ = ["MODEL_ALIAS", "RecordingHop", "Sent", "llama_server_binary", "start_llama_server", "start_sidecar"]
 
 BUILD_SCRIPT = ROOT / "scripts" / "build_llama_server.sh"
+MODEL_ALIAS = "m"
+"""The name llama-server serves the bundled model under in these tests."""
 
 
 def llama_server_binary() -> Path | None:
@@ -65,11 +67,17 @@ def _spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> 
 def start_llama_server(
     binary: Path, log_dir: Path, *extra: str, timeout: float = 180.0, port: int | None = None
 ) -> Process:
-    """llama-server with the bundled model and ``--jinja`` on ``port`` (else a free one); ready at ``/health`` 200."""
+    """llama-server with the bundled model and ``--jinja`` on ``port`` (else a free one); ready at ``/health`` 200.
+
+    It serves the model as ``m`` (``--alias``), the name the tests' requests ask for: with one model
+    listed, toolpair sends a name the engine does not know as that model (:mod:`proxy.engine.model_names`),
+    so a request naming ``m`` reaches it as the client's bytes.
+    """
     model = bundled_model()
     port = port or free_port()
     log = log_dir / f"llama-server-{port}.log"
-    command = [str(binary), "-m", str(model), "--jinja", "--host", "127.0.0.1", "--port", str(port)]
+    command = [str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--jinja", "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
     command += ["-c", "4096", "-np", "2", "-t", "2", *extra]
     process = _spawn(command, log)
     url = f"http://127.0.0.1:{port}"

@@ -22,6 +22,7 @@ import orjson
 
 from proxy._types import Body, Message, Messages
 from proxy.dialects.chat.request import decode_body
+from proxy.engine.model_names import NO_NAMES, ModelNames, ModelPlan, with_model
 from proxy.engine.thinking import anthropic_switch, with_switch
 from proxy.errors import ClientInputError
 from proxy.order import OrderReport, order_anthropic_results
@@ -512,6 +513,8 @@ class TranslationPlan:
     stream: bool
     stop_sequences: tuple[str, ...]
     report: OrderReport
+    model_plan: ModelPlan
+    """The model name the engine gets (``messages_model``, else the map or the engine's only model)."""
 
 
 def unseen_image(data: Body) -> str | None:
@@ -548,9 +551,17 @@ def refuse_unseen_image(path: str | None) -> None:
 
 
 def plan_translation(
-    raw: bytes, *, engine_model: str | None = None, normalize_stamp: bool = True, sees_images: bool = True
+    raw: bytes,
+    *,
+    engine_model: str | None = None,
+    normalize_stamp: bool = True,
+    sees_images: bool = True,
+    names: ModelNames = NO_NAMES,
 ) -> TranslationPlan:
     """Decode, order and translate a ``/v1/messages`` body.
+
+    The engine gets ``engine_model`` (``messages_model``) when set, else the name ``names`` plan;
+    the answer names the client's model either way.
 
     Checked here, on the client's body: at least one message, as the API demands; and, for a model
     that cannot see (``sees_images`` False), no image, with the refusal naming the client's field.
@@ -562,12 +573,14 @@ def plan_translation(
     """
     data, prepared, report = _prepare(raw, normalize_stamp)
     model = data.get("model")
+    model_plan = names.plan_with(data, engine_model)
     plan = TranslationPlan(
-        chat=translate_request(prepared, engine_model=engine_model),
+        chat=translate_request(prepared, engine_model=model_plan.send if model_plan.changed else None),
         model=model if isinstance(model, str) else "",
         stream=data.get("stream") is True,
         stop_sequences=stop_sequences(data),
         report=report,
+        model_plan=model_plan,
     )
     if not data["messages"]:
         raise ClientInputError("messages: at least one message is required", param="messages")
@@ -583,12 +596,22 @@ class NativePlan:
     body: bytes
     """The client's own bytes whenever nothing changed."""
     report: OrderReport
+    model: ModelPlan
+    """The model name the engine gets; when it is not the client's, the answer names the client's again."""
 
 
 def plan_native(
-    raw: bytes, *, engine_model: str | None = None, normalize_stamp: bool = True, thinking_switch: bool = False
+    raw: bytes,
+    *,
+    engine_model: str | None = None,
+    normalize_stamp: bool = True,
+    thinking_switch: bool = False,
+    names: ModelNames = NO_NAMES,
 ) -> NativePlan:
-    """Decode, normalize, order and re-serialize only if something changed.
+    """Decode, normalize, order, name the model, and re-serialize only if something changed.
+
+    The model is ``engine_model`` (``messages_model``) when set, else the name ``names`` plan
+    (:mod:`proxy.engine.model_names`).
 
     ``thinking_switch``: the engine reads ``chat_template_kwargs`` (llama-server, whose own
     Messages route maps no ``thinking`` to it), so ``thinking`` and ``output_config.effort`` are
@@ -602,12 +625,12 @@ def plan_native(
     b'{"messages":[],"thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":false}}'
     """
     data, prepared, report = _prepare(raw, normalize_stamp)
-    if engine_model and prepared.get("model") != engine_model:
-        prepared = {**prepared, "model": engine_model}
+    model = names.plan_with(prepared, engine_model)
+    prepared = with_model(prepared, model)
     if thinking_switch:
         try:
             switch = anthropic_switch(prepared.get("thinking"), prepared.get("output_config"))
             prepared = with_switch(prepared, switch, budget=False)
         except ClientInputError:
             pass  # the engine's own answer to it stands
-    return NativePlan(raw if prepared is data else orjson.dumps(prepared), report)
+    return NativePlan(raw if prepared is data else orjson.dumps(prepared), report, model)

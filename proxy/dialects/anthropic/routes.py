@@ -45,7 +45,7 @@ from proxy.errors import Dialect, ToolpairError, UpstreamError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, ENGINE_WATCH, SETTINGS
 from proxy.http.relay import relay
-from proxy.http.routing import note_route
+from proxy.http.routing import note_model, note_route
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
@@ -185,8 +185,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         engine_model=settings.messages_model,
         normalize_stamp=settings.normalize_billing_stamp,
         sees_images=request.app[ENGINE_CLIENT].setup.sees_images,
+        names=request.app[ENGINE_CLIENT].model_names,
     )
     trace_of(request).order("anthropic", plan.report)
+    note_model("anthropic", plan.model_plan)
     if plan.stream:
         events = MessageEvents(model=plan.model, stop_sequences=plan.stop_sequences)
         return await stream_reply(
@@ -217,8 +219,10 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
         engine_model=settings.messages_model,
         normalize_stamp=settings.normalize_billing_stamp,
         thinking_switch=request.app[ENGINE_CLIENT].setup.profile.template_kwargs,
+        names=request.app[ENGINE_CLIENT].model_names,
     )
     trace_of(request).order("anthropic", plan.report)
+    note_model("anthropic", plan.model)
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
     async with (
         request.app[ENGINE_CLIENT].admitted(request) as call,
@@ -234,7 +238,7 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
                 raise error
             out_headers = forwardable_headers(response.headers, _ANSWER_DROP)
             return web.Response(status=response.status, reason=response.reason, headers=out_headers, body=answer)
-        return await relay(request, call, response, Dialect.ANTHROPIC, raw=False)
+        return await relay(request, call, response, Dialect.ANTHROPIC, raw=False, model=plan.model)
 
 
 async def _input_tokens(request: web.Request, call: EngineCall, chat: Body) -> int:
@@ -343,6 +347,7 @@ async def _count_native(request: web.Request, raw: bytes) -> web.StreamResponse:
             engine_model=settings.messages_model,
             normalize_stamp=settings.normalize_billing_stamp,
             thinking_switch=request.app[ENGINE_CLIENT].setup.profile.template_kwargs,
+            names=request.app[ENGINE_CLIENT].model_names,
         )
         headers = forwardable_headers(request.headers, _NATIVE_DROP)
         async with (

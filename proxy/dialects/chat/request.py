@@ -8,6 +8,7 @@ import orjson
 
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
+from proxy.engine.model_names import NO_NAMES, ModelNames, ModelPlan, with_model
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
 from proxy.engine.thinking import chat_switch, with_switch
 from proxy.errors import ClientInputError
@@ -79,10 +80,12 @@ class EnginePlan:
     adapted: tuple[str, ...]
     """Names of the adaptation rules that changed the request."""
     reply: ReplyPlan | None
+    model: ModelPlan
+    """The model name the engine gets; when it is not the client's, the answer names the client's again."""
 
 
-def plan_engine_request(raw: bytes, setup: EngineSetup) -> EnginePlan:
-    """Validate, order, adapt; decide how the reply is treated.
+def plan_engine_request(raw: bytes, setup: EngineSetup, names: ModelNames = NO_NAMES) -> EnginePlan:
+    """Validate, order, name the model (``names``), adapt; decide how the reply is treated.
 
     >>> from proxy.engine.plan import GENERIC
     >>> plan = plan_engine_request(b'{"messages": [{"role": "developer", "content": "hi"}]}', GENERIC)
@@ -90,10 +93,11 @@ def plan_engine_request(raw: bytes, setup: EngineSetup) -> EnginePlan:
     (b'{"messages": [{"role": "developer", "content": "hi"}]}', None)
     """
     chat = plan_chat_request(raw)
-    data, adapted = adapt_chat_request(chat.data, setup.profile)
+    model = names.plan(chat.data)
+    data, adapted = adapt_chat_request(with_model(chat.data, model), setup.profile)
     if setup.profile.template_kwargs:  # reasoning_effort also as the template's switch (the client's kwargs win)
         switched = with_switch(data, chat_switch(data))
         if switched is not data:
             data, adapted = switched, (*adapted, "thinking_switch")
     body = chat.body if data is chat.data else orjson.dumps(data)
-    return EnginePlan(body, data, chat.report, adapted, reply_plan(data, setup))
+    return EnginePlan(body, data, chat.report, adapted, reply_plan(data, setup), model)

@@ -30,6 +30,7 @@ import orjson
 from proxy._types import Body, Messages
 from proxy.dialects.chat.request import decode_body
 from proxy.engine.adapt import responses_logprobs_asked
+from proxy.engine.model_names import NO_NAMES, ModelNames, ModelPlan, with_model
 from proxy.engine.thinking import responses_switch, with_switch
 from proxy.errors import ClientInputError
 from proxy.order import NO_RUNS, OrderReport, order_responses_items
@@ -610,9 +611,11 @@ class NativePlan:
 
     body: bytes
     report: OrderReport
+    model: ModelPlan
+    """The model name the engine gets; when it is not the client's, the answer names the client's again."""
 
 
-def plan_native_request(raw: bytes, *, thinking_switch: bool = False) -> NativePlan:
+def plan_native_request(raw: bytes, *, thinking_switch: bool = False, names: ModelNames = NO_NAMES) -> NativePlan:
     """Validate a Responses body and restore call order of its output runs, for native forwarding.
 
     ``thinking_switch``: the engine reads ``chat_template_kwargs`` (llama-server maps
@@ -625,14 +628,15 @@ def plan_native_request(raw: bytes, *, thinking_switch: bool = False) -> NativeP
     b'{"reasoning":{"effort":"none"},"chat_template_kwargs":{"enable_thinking":false}}'
     """
     data = decode_body(raw)
-    switched = data
+    model = names.plan(data)
+    switched = with_model(data, model)
     if thinking_switch:
         with contextlib.suppress(ClientInputError):  # a control the engine would refuse: its answer stands
-            switched = with_switch(data, responses_switch(data.get("reasoning")))
+            switched = with_switch(switched, responses_switch(data.get("reasoning")))
     items = data.get("input")
     if CALL_MARKER not in raw or not isinstance(items, list):
-        return NativePlan(raw if switched is data else orjson.dumps(switched), NO_RUNS)
+        return NativePlan(raw if switched is data else orjson.dumps(switched), NO_RUNS, model)
     ordered, report = order_responses_items(items)
     if ordered is items:
-        return NativePlan(raw if switched is data else orjson.dumps(switched), report)
-    return NativePlan(orjson.dumps({**switched, "input": ordered}), report)
+        return NativePlan(raw if switched is data else orjson.dumps(switched), report, model)
+    return NativePlan(orjson.dumps({**switched, "input": ordered}), report, model)

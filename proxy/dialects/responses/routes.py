@@ -8,6 +8,7 @@ bounded store (in memory, or shared in Redis) behind ``previous_response_id``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -31,13 +32,14 @@ from proxy.dialects.responses.request import (
 from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.adapt import refuse_responses_logprobs
+from proxy.engine.model_names import with_model
 from proxy.engine.route import plan_route
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
 from proxy.http.body import read_body
 from proxy.http.keys import ENGINE_CLIENT, SETTINGS
 from proxy.http.relay import relay
-from proxy.http.routing import note_route
+from proxy.http.routing import note_model, note_route
 from proxy.http.streaming import stream_reply
 from proxy.ops.trace import trace_of
 
@@ -108,15 +110,17 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 async def native_response(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    switch = request.app[ENGINE_CLIENT].setup.profile.template_kwargs
-    plan = plan_native_request(await read_body(request, settings.max_body_bytes), thinking_switch=switch)
+    client = request.app[ENGINE_CLIENT]
+    raw = await read_body(request, settings.max_body_bytes)
+    plan = plan_native_request(raw, thinking_switch=client.setup.profile.template_kwargs, names=client.model_names)
     trace_of(request).order("responses", plan.report)
+    note_model("responses", plan.model)
     headers = forwardable_headers(request.headers, ("accept-encoding",))
     async with (
         request.app[ENGINE_CLIENT].admitted(request) as call,
         call.open("POST", request.path_qs, headers, plan.body) as response,
     ):
-        return await relay(request, call, response, Dialect.RESPONSES, raw=False)
+        return await relay(request, call, response, Dialect.RESPONSES, raw=False, model=plan.model)
 
 
 # Tool types are client text that ends up in a response header and a log line:
@@ -183,6 +187,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     plan = translate_request(
         data, parent.items if parent else None, sees_images=request.app[ENGINE_CLIENT].setup.sees_images
     )
+    model = request.app[ENGINE_CLIENT].model_names.plan(data)  # the answer echoes the client's name anyway
+    note_model("responses", model)
+    plan = dataclasses.replace(plan, chat=with_model(plan.chat, model))
     if plan.store and parent is None:
         await store.ready()  # a store that is down refuses now, before the engine works for nothing
     trace_of(request).order("responses", plan.report)
