@@ -14,6 +14,7 @@ from typing import Any
 from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
 from proxy.engine.toolcalls._reasoning import template_reasoning
+from proxy.engine.toolcalls._seed import SEED_OPEN
 
 __all__ = ["detect_tool_call_format", "template_opens_think"]
 
@@ -38,6 +39,8 @@ def detect_tool_call_format(template: str) -> str:
         return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
     if KIMI_SECTION in template:
         return "kimi-k2"
+    if SEED_OPEN in template:
+        return "seed-oss"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
     if "<arg_key>" in template and "<arg_value>" in template:

@@ -49,6 +49,7 @@ from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
+from proxy.engine.toolcalls._seed import SEED_CLOSE, SEED_OPEN
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
@@ -76,6 +77,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "dsml": DSML_OPENERS,
     "gemma4": (GEMMA4_OPEN,),
     "lfm2": (LFM2_OPEN,),
+    "seed-oss": (SEED_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -87,6 +89,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         *DSML_OPENERS,
         GEMMA4_OPEN,
         LFM2_OPEN,
+        SEED_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -356,6 +359,8 @@ class TextExtractor:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
+        if marker == SEED_OPEN:
+            return TaggedCallParser(self._options.tools, close=SEED_CLOSE)
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:
