@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
+from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
 from proxy.engine.toolcalls._reasoning import template_reasoning
 from proxy.engine.toolcalls._seed import SEED_OPEN
 
@@ -41,6 +42,8 @@ def detect_tool_call_format(template: str) -> str:
         return "kimi-k2"
     if SEED_OPEN in template:
         return "seed-oss"
+    if MINICPM5_OPEN in template and '<param name="' in template:
+        return "minicpm5"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
     if "<arg_key>" in template and "<arg_value>" in template:

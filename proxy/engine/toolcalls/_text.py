@@ -44,6 +44,7 @@ from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
+from proxy.engine.toolcalls._minicpm import MINICPM5, MINICPM5_OPEN
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
@@ -78,6 +79,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "gemma4": (GEMMA4_OPEN,),
     "lfm2": (LFM2_OPEN,),
     "seed-oss": (SEED_OPEN,),
+    "minicpm5": (MINICPM5_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -90,6 +92,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         GEMMA4_OPEN,
         LFM2_OPEN,
         SEED_OPEN,
+        MINICPM5_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -359,6 +362,8 @@ class TextExtractor:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
+        if marker == MINICPM5_OPEN:
+            return InvokeParser(MINICPM5, self._options.tools)
         if marker == SEED_OPEN:
             return TaggedCallParser(self._options.tools, close=SEED_CLOSE)
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
