@@ -46,7 +46,6 @@ UNREAD = {
     "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
     "muse-glimmer": "Muse Glimmer (<atem:function_calls>)",
     "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
-    "tencent-Hy3": "Hunyuan Hy3 (<tool_call:opensource>)",
     "upstage-Solar-Open-100B": "Solar Open (<|tool_call:begin|>ID<|tool_call:name|>)",
 }
 """Templates whose calls toolpair does not read back today (on any path), with their family and form."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
+from proxy.engine.toolcalls._hy3 import HY3_SUFFIX
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
 from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
 from proxy.engine.toolcalls._reasoning import template_reasoning
@@ -42,6 +43,8 @@ def detect_tool_call_format(template: str) -> str:
         return "kimi-k2"
     if SEED_OPEN in template:
         return "seed-oss"
+    if HY3_SUFFIX in template and "<tool_sep" in template:
+        return "hy3"
     if MINICPM5_OPEN in template and '<param name="' in template:
         return "minicpm5"
     if "<function=" in template and "<parameter=" in template:

@@ -40,6 +40,7 @@ from proxy.engine.toolcalls._events import (
 )
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
+from proxy.engine.toolcalls._hy3 import HY3_OPEN, Hy3Parser
 from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
@@ -80,6 +81,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "lfm2": (LFM2_OPEN,),
     "seed-oss": (SEED_OPEN,),
     "minicpm5": (MINICPM5_OPEN,),
+    "hy3": (HY3_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -93,6 +95,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         LFM2_OPEN,
         SEED_OPEN,
         MINICPM5_OPEN,
+        HY3_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -362,6 +365,8 @@ class TextExtractor:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
+        if marker == HY3_OPEN:
+            return Hy3Parser(self._options.tools)
         if marker == MINICPM5_OPEN:
             return InvokeParser(MINICPM5, self._options.tools)
         if marker == SEED_OPEN:
