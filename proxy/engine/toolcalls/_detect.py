@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
+from proxy.engine.toolcalls._glimmer import GLIMMER_OPEN
 from proxy.engine.toolcalls._hy3 import HY3_SUFFIX
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
 from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
@@ -35,6 +36,8 @@ def detect_tool_call_format(template: str) -> str:
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
+    if GLIMMER_OPEN in template:
+        return "glimmer"
     if "<|channel|>" in template and "<|message|>" in template:
         return "harmony"
     if DEEPSEEK_CALLS in template:
