@@ -35,7 +35,6 @@ from tests.support.proxies import MakeProxy
 
 UNREAD = {
     "Apertus-8B-Instruct": "Apertus (<|tools_prefix|>[{NAME: {...}}])",
-    "ByteDance-Seed-OSS": "Seed-OSS (<seed:tool_call>)",
     "Cohere2MoE": "Cohere2 (<|START_ACTION|>[...])",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B (<|START_ACTION|>[...])",
     "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",
@@ -44,10 +43,7 @@ UNREAD = {
     "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
     "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
-    "muse-glimmer": "Muse Glimmer (<atem:function_calls>)",
     "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
-    "openbmb-MiniCPM5-1B": "MiniCPM 5 (<function name=...><param name=...>)",
-    "tencent-Hy3": "Hunyuan Hy3 (<tool_call:opensource>)",
     "upstage-Solar-Open-100B": "Solar Open (<|tool_call:begin|>ID<|tool_call:name|>)",
 }
 """Templates whose calls toolpair does not read back today (on any path), with their family and form."""

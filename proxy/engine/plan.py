@@ -21,6 +21,7 @@ from proxy.engine.kinds import EngineKind, EngineProfile, engine_profile
 from proxy.engine.toolcalls import (
     DEFAULT_REASONING_MARKERS,
     FORMATS,
+    MESSAGE_DIALECTS,
     ExtractOptions,
     detect_tool_call_format,
     template_reasoning,
@@ -195,7 +196,8 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
         think_markers=setup.think_markers,
         parallel=body.get("parallel_tool_calls") is not False,
         tools=tools,
-        harmony=fmt == "harmony",
+        harmony=fmt in MESSAGE_DIALECTS,
+        dialect=fmt if fmt in MESSAGE_DIALECTS else "harmony",
     )
     if not options.active and not usage:
         return None

@@ -4,7 +4,8 @@ Formats (``tool_call_format``): ``hermes`` (also Qwen 2.5 and Qwen 3),
 ``qwen3-coder``, ``mistral``, ``llama3``, ``deepseek-v3.1`` and ``deepseek-r1``,
 ``dsml`` (DeepSeek V3.2 and V4), ``kimi-k2``, ``harmony`` (gpt-oss), ``glm``
 (also Ling, Spark, Laguna), ``minimax-m1``, ``minimax-m2``, ``gemma4``, ``lfm2``
-(LFM2 and LFM2.5), or ``auto`` for every marked form.
+(LFM2 and LFM2.5), ``seed-oss``, ``minicpm5`` (MiniCPM 5), ``hy3`` (Hunyuan
+Hy3), ``glimmer`` (Muse Glimmer), or ``auto`` for every marked form.
 The core is :class:`TextExtractor`, a stream transducer over text;
 :class:`ChunkExtractor` applies it to a stream of chunk dicts and
 :func:`extract_completion` to a whole reply.
@@ -14,12 +15,19 @@ from proxy.engine.toolcalls._chunks import ChunkExtractor, Note, extract_complet
 from proxy.engine.toolcalls._detect import detect_tool_call_format, template_opens_think
 from proxy.engine.toolcalls._events import Content, Event, IdSource, Reasoning, ToolCall, random_call_id
 from proxy.engine.toolcalls._reasoning import ReasoningForm, template_reasoning
-from proxy.engine.toolcalls._text import DEFAULT_REASONING_MARKERS, FORMATS, ExtractOptions, TextExtractor
+from proxy.engine.toolcalls._text import (
+    DEFAULT_REASONING_MARKERS,
+    FORMATS,
+    MESSAGE_DIALECTS,
+    ExtractOptions,
+    TextExtractor,
+)
 from proxy.engine.toolcalls._typed import convert_value
 
 __all__ = [
     "DEFAULT_REASONING_MARKERS",
     "FORMATS",
+    "MESSAGE_DIALECTS",
     "ChunkExtractor",
     "Content",
     "Event",

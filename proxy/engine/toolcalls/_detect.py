@@ -12,8 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
+from proxy.engine.toolcalls._glimmer import GLIMMER_OPEN
+from proxy.engine.toolcalls._hy3 import HY3_SUFFIX
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
+from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
 from proxy.engine.toolcalls._reasoning import template_reasoning
+from proxy.engine.toolcalls._seed import SEED_OPEN
 
 __all__ = ["detect_tool_call_format", "template_opens_think"]
 
@@ -32,12 +36,20 @@ def detect_tool_call_format(template: str) -> str:
     >>> detect_tool_call_format("{{ message.content }}")
     'none'
     """
+    if GLIMMER_OPEN in template:
+        return "glimmer"
     if "<|channel|>" in template and "<|message|>" in template:
         return "harmony"
     if DEEPSEEK_CALLS in template:
         return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
     if KIMI_SECTION in template:
         return "kimi-k2"
+    if SEED_OPEN in template:
+        return "seed-oss"
+    if HY3_SUFFIX in template and "<tool_sep" in template:
+        return "hy3"
+    if MINICPM5_OPEN in template and '<param name="' in template:
+        return "minicpm5"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3-coder"
     if "<arg_key>" in template and "<arg_value>" in template:

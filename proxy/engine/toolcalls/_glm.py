@@ -15,6 +15,10 @@ value is raw text, typed by the tool's schema (:mod:`._typed`). These calls
 share ``<tool_call>`` with Hermes; :class:`~._tagged.TaggedCallParser` tells
 them apart by what follows the tag. A call is complete only at
 ``</tool_call>``: without it, another pair could still have come.
+
+Hunyuan Hy3 writes the same pairs with a suffix on every tag name and a separator
+after the name (``<tool_call:opensource>NAME<tool_sep:opensource>``, see :mod:`._hy3`):
+the reader is told both.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ _ARG_KEY_CLOSE = "</arg_key>"
 _ARG_VALUE_OPEN = "<arg_value>"
 _ARG_VALUE_CLOSE = "</arg_value>"
 _TOOL_CALL_CLOSE = "</tool_call>"
+_TAGS = (ARG_KEY_OPEN, _ARG_KEY_CLOSE, _ARG_VALUE_OPEN, _ARG_VALUE_CLOSE, _TOOL_CALL_CLOSE)
 _NAME = re.compile(r"[^\s<>]+")
 _NAME_END = re.compile(r"[<\s]")
 _LONGEST_NAME = 256
@@ -42,9 +47,11 @@ _LONGEST_NAME = 256
 class GlmReader:
     """Reads ``NAME`` and its ``<arg_key>``/``<arg_value>`` pairs, from ``start`` up to ``</tool_call>``."""
 
-    __slots__ = ("_key", "_name", "_phase", "_pos", "_search", "_tools", "_values")
+    __slots__ = ("_key", "_name", "_phase", "_pos", "_search", "_separator", "_tags", "_tools", "_values")
 
-    def __init__(self, start: int, tools: Mapping[str, Any]) -> None:
+    def __init__(self, start: int, tools: Mapping[str, Any], *, suffix: str = "", separator: str = "") -> None:
+        self._tags = tuple(tag.replace(">", suffix + ">") for tag in _TAGS)
+        self._separator = separator
         self._pos = start
         self._search = start
         self._phase = "name"
@@ -55,32 +62,40 @@ class GlmReader:
 
     def read(self, text: str, final: bool) -> tuple[int, ParsedCall] | None:
         """``(index of </tool_call>, call)`` once it has come; None while undecided; ValueError if malformed."""
+        key_open, key_close, value_open, value_close, call_close = self._tags
         while True:
             if self._phase == "name":
                 if not self._read_name(text, final):
                     return None
+            elif self._phase == "separator":
+                if text.startswith(self._separator, self._pos):
+                    self._pos, self._phase = self._pos + len(self._separator), "pair"
+                elif self._undecided(text, self._pos, final, (self._separator,)):
+                    return None
+                else:
+                    raise ValueError(f"expected {self._separator}")
             elif self._phase == "pair":
                 pos = skip_space(text, self._pos)
-                if text.startswith(ARG_KEY_OPEN, pos):
-                    self._pos = self._search = pos + len(ARG_KEY_OPEN)
+                if text.startswith(key_open, pos):
+                    self._pos = self._search = pos + len(key_open)
                     self._phase = "key"
-                elif text.startswith(_TOOL_CALL_CLOSE, pos):
+                elif text.startswith(call_close, pos):
                     return pos, ParsedCall(self._name, typed_arguments(self._tools, self._name, self._values))
-                elif self._undecided(text, pos, final, (ARG_KEY_OPEN, _TOOL_CALL_CLOSE)):
+                elif self._undecided(text, pos, final, (key_open, call_close)):
                     return None
                 else:
-                    raise ValueError("expected <arg_key> or </tool_call>")
+                    raise ValueError(f"expected {key_open} or {call_close}")
             elif self._phase == "value-open":
                 pos = skip_space(text, self._pos)
-                if text.startswith(_ARG_VALUE_OPEN, pos):
-                    self._pos = self._search = pos + len(_ARG_VALUE_OPEN)
+                if text.startswith(value_open, pos):
+                    self._pos = self._search = pos + len(value_open)
                     self._phase = "value"
-                elif self._undecided(text, pos, final, (_ARG_VALUE_OPEN,)):
+                elif self._undecided(text, pos, final, (value_open,)):
                     return None
                 else:
-                    raise ValueError("expected <arg_value>")
+                    raise ValueError(f"expected {value_open}")
             else:
-                close = _ARG_KEY_CLOSE if self._phase == "key" else _ARG_VALUE_CLOSE
+                close = key_close if self._phase == "key" else value_close
                 found = self._until(text, close, final)
                 if found is None:
                     return None
@@ -104,7 +119,8 @@ class GlmReader:
         name = text[self._pos : end.start()]
         if not _NAME.fullmatch(name):
             raise ValueError(f"bad call name {name!r}")
-        self._name, self._pos, self._phase = name, end.start(), "pair"
+        self._name, self._pos = name, end.start()
+        self._phase = "separator" if self._separator else "pair"
         return True
 
     def _until(self, text: str, close: str, final: bool) -> str | None:

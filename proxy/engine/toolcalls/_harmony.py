@@ -22,25 +22,29 @@ here, but its parser reads *tokens* (``StreamableParser.process(token)``), and
 it downloads the ``o200k_harmony`` vocabulary from the network on first use
 (``load_harmony_encoding`` fails offline). toolpair gets *text* from the
 engine, split anywhere, and runs where there is no network, so neither fits.
+
+Muse Glimmer writes messages the same way with other tokens, recipients and call
+bodies (see :mod:`._glimmer`): a :class:`HarmonyDialect` says which, and one reader
+reads both.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.engine.toolcalls._calls import dump_arguments
 from proxy.engine.toolcalls._events import Content, ParsedCall, Reasoning
 from proxy.engine.toolcalls._scan import held_suffix, loads_strict
 
-__all__ = ["HARMONY_OPENERS", "HarmonyReader"]
+__all__ = ["HARMONY", "HARMONY_OPENERS", "HarmonyDialect", "HarmonyReader"]
 
 START = "<|start|>"
 CHANNEL = "<|channel|>"
 MESSAGE = "<|message|>"
 _ENDS = ("<|end|>", "<|call|>", "<|return|>")
-_LONGEST_END = max(map(len, _ENDS))
 HARMONY_OPENERS = (CHANNEL, START, " to=functions.")
 """How a harmony reply can begin; ``auto`` takes a reply that opens with one for harmony."""
 
@@ -56,6 +60,36 @@ _FUNCTIONS = "functions."
 
 HarmonyEvent = Content | Reasoning | ParsedCall
 
+CallBody = Callable[[str, str, Mapping[str, Any]], list[ParsedCall] | None]
+"""A call message's (recipient name, body, tools) -> its calls, or None when the body is malformed."""
+
+
+def _json_body(name: str, body: str, tools: Mapping[str, Any]) -> list[ParsedCall] | None:
+    try:
+        arguments = loads_strict(body) if body.strip() else {}
+    except ValueError:
+        return None
+    if not isinstance(arguments, dict) or not name:
+        return None
+    return [ParsedCall(name, dump_arguments(arguments))]
+
+
+@dataclass(frozen=True)
+class HarmonyDialect:
+    """One family's spelling of messages: the end tokens, what recipients mean, and how a call body reads."""
+
+    ends: tuple[str, ...]
+    call_prefix: str
+    """A recipient with this prefix is a call of the name after it (any recipient, when empty)."""
+    call_body: CallBody
+    reasoning_to: str | None = None
+    """The recipient whose messages are reasoning (Glimmer's ``self``); harmony says it by channel."""
+    content_to: str | None = None
+    """The recipient whose messages are content (Glimmer's ``user``)."""
+
+
+HARMONY = HarmonyDialect(_ENDS, _FUNCTIONS, _json_body)
+
 
 class HarmonyReader:
     """Harmony text in, content, reasoning and calls out: ``feed`` and ``finish``, any split alike.
@@ -65,8 +99,10 @@ class HarmonyReader:
     went out as text.
     """
 
-    def __init__(self, tools: Mapping[str, Any] | None) -> None:
+    def __init__(self, tools: Mapping[str, Any] | None, dialect: HarmonyDialect = HARMONY) -> None:
         self._tools = tools
+        self._dialect = dialect
+        self._longest_end = max(map(len, dialect.ends))
         self._buffer = ""
         self._phase = "between"  # between messages, head, body, plain (not harmony: all text)
         self._head = ""  # the current message's header, as written, for a malformed call
@@ -131,9 +167,12 @@ class HarmonyReader:
             out.append(Content(self._head))
             return True
         recipient = match["before"] or match["after"]
-        if recipient is not None:
-            name = recipient.removeprefix(_FUNCTIONS)
-            reads = self._tools is not None and (recipient.startswith(_FUNCTIONS) or name in self._tools)
+        dialect = self._dialect
+        if recipient is not None and recipient in (dialect.reasoning_to, dialect.content_to):
+            self._kind = "reasoning" if recipient == dialect.reasoning_to else "content"
+        elif recipient is not None:
+            name = recipient.removeprefix(dialect.call_prefix)
+            reads = self._tools is not None and (recipient.startswith(dialect.call_prefix) or name in self._tools)
             self._kind, self._name = ("call", name) if reads else ("text", "")
             if self._kind == "text":
                 out.append(Content(self._head))
@@ -142,8 +181,9 @@ class HarmonyReader:
         return True
 
     def _body(self, out: list[HarmonyEvent], final: bool) -> bool:
-        start = max(0, self._searched - _LONGEST_END)
-        found = min(((i, e) for e in _ENDS if (i := self._buffer.find(e, start)) >= 0), default=None)
+        ends = self._dialect.ends
+        start = max(0, self._searched - self._longest_end)
+        found = min(((i, e) for e in ends if (i := self._buffer.find(e, start)) >= 0), default=None)
         if self._kind == "call":
             if found is None and not final:
                 self._searched = len(self._buffer)
@@ -152,12 +192,12 @@ class HarmonyReader:
             closing = "" if found is None else found[1]
             self._buffer = "" if found is None else self._buffer[found[0] + len(closing) :]
             self._phase = "between"
-            call = self._call(body)
-            if call is None:
+            calls = self._dialect.call_body(self._name, body, self._tools or {})
+            if not calls:
                 self.malformed += 1
                 out.append(Content(self._head + body + closing))
             else:
-                out.append(call)
+                out.extend(calls)
             return True
         if found is not None:
             text, self._buffer = self._buffer[: found[0]], self._buffer[found[0] + len(found[1]) :]
@@ -165,17 +205,8 @@ class HarmonyReader:
             if self._kind == "text":
                 text += found[1]
         else:
-            keep = 0 if final else held_suffix(self._buffer, _ENDS)
+            keep = 0 if final else held_suffix(self._buffer, ends)
             text, self._buffer = self._buffer[: len(self._buffer) - keep], self._buffer[len(self._buffer) - keep :]
         if text:
             out.append(Reasoning(text) if self._kind == "reasoning" else Content(text))
         return found is not None
-
-    def _call(self, body: str) -> ParsedCall | None:
-        try:
-            arguments = loads_strict(body) if body.strip() else {}
-        except ValueError:
-            return None
-        if not isinstance(arguments, dict) or not self._name:
-            return None
-        return ParsedCall(self._name, dump_arguments(arguments))

@@ -45,10 +45,22 @@ _LONGEST_TAG = 512
 
 @dataclass(frozen=True)
 class InvokeGrammar:
-    """One family's spelling of the elements: the tag-name prefix and the tags that close a block."""
+    """One family's spelling of the elements: the tag-name prefix and the tags that close a block.
+
+    With no ``closes`` there is no block: each call is one element, and its own opening
+    (:attr:`opener`, up to the name) is the start marker (MiniCPM 5).
+    """
 
     prefix: str
     closes: tuple[str, ...]
+    invoke: str = "invoke"
+    parameter: str = "parameter"
+    cdata: bool = False
+    """A value may be wrapped in ``<![CDATA[...]]>`` (MiniCPM 5 wraps any with ``<``, ``&`` or a newline)."""
+
+    @property
+    def opener(self) -> str:
+        return f'<{self.prefix}{self.invoke} name="'
 
     def pattern(self, element: str) -> re.Pattern[str]:
         return re.compile(rf'<{re.escape(self.prefix)}{element} name="([^"<>]+)"(?:\s+string="(true|false)")?\s*>')
@@ -61,12 +73,14 @@ class InvokeParser:
 
     def __init__(self, grammar: InvokeGrammar, tools: Mapping[str, Any]) -> None:
         self._closes = grammar.closes
-        self._invoke = grammar.pattern("invoke")
-        self._parameter = grammar.pattern("parameter")
-        self._invoke_close = f"</{grammar.prefix}invoke>"
-        self._parameter_close = f"</{grammar.prefix}parameter>"
+        self._invoke = grammar.pattern(grammar.invoke)
+        self._parameter = grammar.pattern(grammar.parameter)
+        self._invoke_close = f"</{grammar.prefix}{grammar.invoke}>"
+        self._parameter_close = f"</{grammar.prefix}{grammar.parameter}>"
+        self._cdata = grammar.cdata
+        self._opener = "" if grammar.closes else grammar.opener  # read before the text: the marker
         self._tools = tools
-        self._phase = "block"
+        self._phase = "block" if grammar.closes else "head"
         self._pos = 0
         self._search = 0
         self._last = 0  # end of the last complete call
@@ -97,7 +111,7 @@ class InvokeParser:
             tag = self._tag(text, final)
             if tag is None:
                 return "more"
-            if self._phase == "block":
+            if self._phase in ("block", "head"):
                 if tag in self._closes:
                     if not self._calls:
                         return "fail"
@@ -111,6 +125,8 @@ class InvokeParser:
                 calls.append(self._call())
                 self._calls += 1
                 self._last, self._phase = self._pos, "block"
+                if self._opener:
+                    return "done"  # no block: one element is one call
             else:
                 match = self._parameter.fullmatch(tag)
                 if match is None:
@@ -124,10 +140,11 @@ class InvokeParser:
 
     def _tag(self, text: str, final: bool) -> str | None:
         """The tag at the next non-space character (which is then passed), None until its ``>`` has come."""
-        pos = skip_space(text, self._pos)
+        head = self._opener if self._phase == "head" else ""
+        pos = self._pos if head else skip_space(text, self._pos)
         if pos >= len(text):
             return None
-        if text[pos] != "<":
+        if not head and text[pos] != "<":
             raise ValueError("text between the elements")
         end = text.find(">", pos, pos + _LONGEST_TAG)
         if end < 0:
@@ -135,7 +152,7 @@ class InvokeParser:
                 raise ValueError("unterminated tag")
             return None
         self._pos = end + 1
-        return text[pos : end + 1]
+        return head + text[pos : end + 1]
 
     def _value(self, text: str) -> bool:
         index = text.find(self._parameter_close, self._search)
@@ -143,6 +160,8 @@ class InvokeParser:
             self._search = max(self._pos, len(text) - len(self._parameter_close) + 1)
             return False
         value = text[self._pos : index]
+        if self._cdata and value.startswith("<![CDATA[") and value.endswith("]]>"):
+            value = value[len("<![CDATA[") : -len("]]>")]
         self._values[self._key] = value if self._string is None else (self._string, value)
         self._pos, self._phase = index + len(self._parameter_close), "invoke"
         return True

@@ -43,12 +43,18 @@ _JSON_KEYS = ("arguments", "parameters")
 
 
 class TaggedCallParser:
-    """Reads what follows ``<tool_call>`` (or, for Qwen3-Coder, a bare ``<function=``)."""
+    """Reads what follows ``<tool_call>`` (or, for Qwen3-Coder, a bare ``<function=``).
+
+    ``close`` is the tag that ends the block: Seed-OSS wraps the same calls in ``<seed:tool_call>``.
+    """
 
     counts_malformed = True
 
-    def __init__(self, tools: Mapping[str, Any], *, after_function_tag: bool = False) -> None:
+    def __init__(
+        self, tools: Mapping[str, Any], *, after_function_tag: bool = False, close: str = _TOOL_CALL_CLOSE
+    ) -> None:
         self._tools = tools
+        self._close = close
         self._reader: ValueReader | FunctionReader | GlmReader | None = (
             FunctionReader(0, tools) if after_function_tag else None
         )
@@ -96,9 +102,9 @@ class TaggedCallParser:
     def _closing(self, text: str, final: bool, calls: list[ParsedCall]) -> Step:
         assert self._end is not None
         pos = skip_space(text, self._end)
-        rest = text[pos : pos + len(_TOOL_CALL_CLOSE)]
-        if rest == _TOOL_CALL_CLOSE:
-            return Step("done", pos + len(_TOOL_CALL_CLOSE), calls)
-        if not final and _TOOL_CALL_CLOSE.startswith(rest):
+        rest = text[pos : pos + len(self._close)]
+        if rest == self._close:
+            return Step("done", pos + len(self._close), calls)
+        if not final and self._close.startswith(rest):
             return Step("more", calls=calls)
         return Step("done", self._end, calls)

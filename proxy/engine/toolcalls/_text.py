@@ -39,20 +39,24 @@ from proxy.engine.toolcalls._events import (
     random_call_id,
 )
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
-from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
+from proxy.engine.toolcalls._glimmer import GLIMMER
+from proxy.engine.toolcalls._harmony import HARMONY, HARMONY_OPENERS, HarmonyDialect, HarmonyReader
+from proxy.engine.toolcalls._hy3 import HY3_OPEN, Hy3Parser
 from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
+from proxy.engine.toolcalls._minicpm import MINICPM5, MINICPM5_OPEN
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
+from proxy.engine.toolcalls._seed import SEED_CLOSE, SEED_OPEN
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
-__all__ = ["DEFAULT_REASONING_MARKERS", "FORMATS", "ExtractOptions", "TextExtractor"]
+__all__ = ["DEFAULT_REASONING_MARKERS", "FORMATS", "MESSAGE_DIALECTS", "ExtractOptions", "TextExtractor"]
 
 log = logging.getLogger("toolpair.toolcalls")
 
@@ -69,6 +73,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "deepseek-r1": (DEEPSEEK_CALLS,),
     "kimi-k2": (KIMI_SECTION,),
     "harmony": (),
+    "glimmer": (),
     "glm": (TOOL_CALL_OPEN,),
     "minimax-m2": (MINIMAX_M2_OPEN,),
     "minimax-m1": (MINIMAX_M1_OPEN,),
@@ -76,6 +81,9 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "dsml": DSML_OPENERS,
     "gemma4": (GEMMA4_OPEN,),
     "lfm2": (LFM2_OPEN,),
+    "seed-oss": (SEED_OPEN,),
+    "minicpm5": (MINICPM5_OPEN,),
+    "hy3": (HY3_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -87,12 +95,18 @@ FORMATS: dict[str, tuple[str, ...]] = {
         *DSML_OPENERS,
         GEMMA4_OPEN,
         LFM2_OPEN,
+        SEED_OPEN,
+        MINICPM5_OPEN,
+        HY3_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
 (:data:`_BARE_OPENERS`); Mistral's bare list needs the format named. ``harmony``
 (gpt-oss) is messages on channels, not calls in text: :class:`HarmonyReader`
 reads the whole reply, when named or when an ``auto`` reply opens as harmony does."""
+
+MESSAGE_DIALECTS: dict[str, HarmonyDialect] = {"harmony": HARMONY, "glimmer": GLIMMER}
+"""The formats that are messages, read whole by :class:`HarmonyReader`: gpt-oss's harmony, Muse Glimmer's ATEM."""
 
 _BARE_OPENERS = {"mistral": "[", "llama3": "{", "auto": "{"}
 """Formats whose call may come with no marker, when tools were sent: the JSON opener it starts with.
@@ -126,6 +140,8 @@ class ExtractOptions:
     """The request's function tools: name -> parameters schema."""
     harmony: bool = False
     """The model writes harmony (gpt-oss): its channels say what is reasoning, with tools or without."""
+    dialect: str = "harmony"
+    """Which messages ``harmony`` reads (a key of :data:`MESSAGE_DIALECTS`): Muse Glimmer's are ``glimmer``."""
 
     @property
     def active(self) -> bool:
@@ -158,9 +174,10 @@ class TextExtractor:
         self._trim = options.reasoning and options.think_open  # drop whitespace that opens a section
         self._harmony: HarmonyReader | None = None
         self._opening = self._phase  # the phase an auto reply that is not harmony starts in
-        if options.harmony or options.calls == "harmony":
+        if options.harmony or options.calls in MESSAGE_DIALECTS:
+            dialect = MESSAGE_DIALECTS[options.calls if options.calls in MESSAGE_DIALECTS else options.dialect]
             self._phase = "harmony"
-            self._harmony = HarmonyReader(options.tools if options.calls else None)
+            self._harmony = HarmonyReader(options.tools if options.calls else None, dialect)
         elif options.calls == "auto":
             self._phase = "sniff"
         self._at_start = True
@@ -356,6 +373,12 @@ class TextExtractor:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
+        if marker == HY3_OPEN:
+            return Hy3Parser(self._options.tools)
+        if marker == MINICPM5_OPEN:
+            return InvokeParser(MINICPM5, self._options.tools)
+        if marker == SEED_OPEN:
+            return TaggedCallParser(self._options.tools, close=SEED_CLOSE)
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:
