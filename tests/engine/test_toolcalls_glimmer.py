@@ -64,7 +64,7 @@ def test_a_plain_reply_to_user_is_its_text() -> None:
     [
         ' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
         '<atem:parameter name="city">Paris</atem:parameter>\n',  # cut off
-        " to=get_weather<|message|>{\"city\": \"Paris\"}<|eom|>",  # harmony's JSON body is not Glimmer's
+        ' to=get_weather<|message|>{"city": "Paris"}<|eom|>',  # harmony's JSON body is not Glimmer's
         ' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\nParis\n'
         "</atem:invoke>\n</atem:function_calls><|eom|>",
         " to=get_weather<|message|><atem:function_calls>\n</atem:function_calls><|eom|>",

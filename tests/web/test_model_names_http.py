@@ -76,8 +76,15 @@ async def native_engine(request: web.Request, received: Received) -> web.StreamR
     """llama-server's own /v1/messages and /v1/responses, as it answers them: under its own model name."""
     stream = received.json().get("stream") is True
     if request.path == "/v1/messages":
-        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "mock", "stop_reason": "end_turn",
-                   "content": [{"type": "text", "text": 'says "model": "x"'}], "usage": {}}
+        message = {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "mock",
+            "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": 'says "model": "x"'}],
+            "usage": {},
+        }
         if not stream:
             return web.json_response(message)
         # the message_start split over two writes, inside its "model" member: the relay cuts whole frames
