@@ -44,7 +44,6 @@ UNREAD = {
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
     "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
     "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
-    "upstage-Solar-Open-100B": "Solar Open (<|tool_call:begin|>ID<|tool_call:name|>)",
 }
 """Templates whose calls toolpair does not read back today (on any path), with their family and form."""
 

@@ -18,6 +18,7 @@ from proxy.engine.toolcalls._kimi import KIMI_SECTION
 from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
 from proxy.engine.toolcalls._reasoning import template_reasoning
 from proxy.engine.toolcalls._seed import SEED_OPEN
+from proxy.engine.toolcalls._solar import SOLAR
 
 __all__ = ["detect_tool_call_format", "template_opens_think"]
 
@@ -44,6 +45,8 @@ def detect_tool_call_format(template: str) -> str:
         return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
     if KIMI_SECTION in template:
         return "kimi-k2"
+    if SOLAR.call in template and SOLAR.section in template:
+        return "solar-open"
     if SEED_OPEN in template:
         return "seed-oss"
     if HY3_SUFFIX in template and "<tool_sep" in template:

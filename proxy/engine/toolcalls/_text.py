@@ -53,6 +53,7 @@ from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
 from proxy.engine.toolcalls._seed import SEED_CLOSE, SEED_OPEN
+from proxy.engine.toolcalls._solar import SOLAR, SOLAR_SECTION
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
@@ -84,6 +85,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "seed-oss": (SEED_OPEN,),
     "minicpm5": (MINICPM5_OPEN,),
     "hy3": (HY3_OPEN,),
+    "solar-open": (SOLAR_SECTION,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -98,6 +100,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         SEED_OPEN,
         MINICPM5_OPEN,
         HY3_OPEN,
+        SOLAR_SECTION,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -363,6 +366,8 @@ class TextExtractor:
             return SectionParser(DEEPSEEK)
         if marker == KIMI_SECTION:
             return SectionParser(KIMI)
+        if marker == SOLAR_SECTION:
+            return SectionParser(SOLAR)
         if marker == MINIMAX_M2_OPEN:
             return InvokeParser(MINIMAX_M2, self._options.tools)
         if marker in DSML_OPENERS:
