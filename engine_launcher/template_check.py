@@ -367,8 +367,14 @@ def written_turn(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP
                 continue
             if not all(name in text for name, _ in chosen):
                 continue
-            if closing and closing in text:  # the model stops at its first end of turn
-                text = text[: text.find(closing)]
+            # The model stops at its first end of turn, once its calls are written (DeepSeek R1
+            # distills render an empty reply after them); GigaChat 3 writes its call as a message
+            # after one, so there the separator is not where the model stops.
+            first = text.find(closing) if closing else -1
+            if first >= 0 and all(name in text[:first] for name, _ in chosen):
+                text = text[:first]
+            elif closing and text.rstrip().endswith(closing):
+                text = text.rstrip()[: -len(closing)]
             return WrittenTurn(text, chosen)
     return None
 

@@ -37,8 +37,6 @@ UNREAD = {
     "Apertus-8B-Instruct": "Apertus (<|tools_prefix|>[{NAME: {...}}])",
     "Cohere2MoE": "Cohere2 (<|START_ACTION|>[...])",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B (<|START_ACTION|>[...])",
-    "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",
-    "GigaChat3.1-10B-A1.8B": "GigaChat 3.1 (<|function_call|>)",
     "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
     "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",

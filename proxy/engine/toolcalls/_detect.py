@@ -47,6 +47,8 @@ def detect_tool_call_format(template: str) -> str:
         return "kimi-k2"
     if SOLAR.call in template and SOLAR.section in template:
         return "solar-open"
+    if "<|function_call|>" in template or ("'function call'" in template and "<|role_sep|>" in template):
+        return "gigachat"
     if SEED_OPEN in template:
         return "seed-oss"
     if HY3_SUFFIX in template and "<tool_sep" in template:

@@ -60,8 +60,9 @@ def python_call(source: str) -> ParsedCall | None:
 class Llama3Parser:
     """Reads what follows ``<|python_tag|>``, or, when ``bare``, a reply that opens with ``{``."""
 
-    def __init__(self, known: Collection[str], *, bare: bool = False) -> None:
+    def __init__(self, known: Collection[str], *, bare: bool = False, ends: tuple[str, ...] = _END_TOKENS) -> None:
         self.counts_malformed = not bare
+        self._ends = ends
         self._bare = bare
         self._known = known if bare else None
         self._phase = "item"
@@ -93,11 +94,11 @@ class Llama3Parser:
                 if text.startswith(";", pos):
                     self._pos, self._phase = pos + 1, "item"
                     continue
-                for token in _END_TOKENS:
+                for token in self._ends:
                     if text.startswith(token, pos):
                         self._last = pos + len(token)
                         return "done"
-                if any(token.startswith(text[pos : pos + len(token)]) for token in _END_TOKENS):
+                if any(token.startswith(text[pos : pos + len(token)]) for token in self._ends):
                     return "more"
                 if text[pos] != "{":
                     return "done"

@@ -39,6 +39,7 @@ from proxy.engine.toolcalls._events import (
     random_call_id,
 )
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
+from proxy.engine.toolcalls._gigachat import GIGACHAT_END, GIGACHAT_OPENERS
 from proxy.engine.toolcalls._glimmer import GLIMMER
 from proxy.engine.toolcalls._harmony import HARMONY, HARMONY_OPENERS, HarmonyDialect, HarmonyReader
 from proxy.engine.toolcalls._hy3 import HY3_OPEN, Hy3Parser
@@ -86,6 +87,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "minicpm5": (MINICPM5_OPEN,),
     "hy3": (HY3_OPEN,),
     "solar-open": (SOLAR_SECTION,),
+    "gigachat": GIGACHAT_OPENERS,
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -101,6 +103,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         MINICPM5_OPEN,
         HY3_OPEN,
         SOLAR_SECTION,
+        *GIGACHAT_OPENERS,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -362,6 +365,8 @@ class TextExtractor:
             return MistralParser(self._options.tools.keys())
         if marker == PYTHON_TAG:
             return Llama3Parser(self._options.tools.keys())
+        if marker in GIGACHAT_OPENERS:
+            return Llama3Parser(self._options.tools.keys(), ends=GIGACHAT_END)
         if marker == DEEPSEEK_CALLS:
             return SectionParser(DEEPSEEK)
         if marker == KIMI_SECTION:
