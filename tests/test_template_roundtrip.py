@@ -40,7 +40,6 @@ UNREAD = {
     "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
     "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
-    "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
     "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
 }
 """Templates whose calls toolpair does not read back today (on any path), with their family and form."""

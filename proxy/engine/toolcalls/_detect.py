@@ -16,6 +16,7 @@ from proxy.engine.toolcalls._glimmer import GLIMMER_OPEN
 from proxy.engine.toolcalls._hy3 import HY3_SUFFIX
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
 from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
+from proxy.engine.toolcalls._minimax_m3 import MINIMAX_M3_TOKEN
 from proxy.engine.toolcalls._reasoning import template_reasoning
 from proxy.engine.toolcalls._seed import SEED_OPEN
 from proxy.engine.toolcalls._solar import SOLAR
@@ -45,6 +46,8 @@ def detect_tool_call_format(template: str) -> str:
         return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
     if KIMI_SECTION in template:
         return "kimi-k2"
+    if MINIMAX_M3_TOKEN in template:
+        return "minimax-m3"
     if SOLAR.call in template and SOLAR.section in template:
         return "solar-open"
     if "<|function_call|>" in template or ("'function call'" in template and "<|role_sep|>" in template):

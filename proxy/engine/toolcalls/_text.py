@@ -49,6 +49,7 @@ from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._minicpm import MINICPM5, MINICPM5_OPEN
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
+from proxy.engine.toolcalls._minimax_m3 import MINIMAX_M3_OPEN, MiniMaxM3Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
@@ -88,6 +89,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "hy3": (HY3_OPEN,),
     "solar-open": (SOLAR_SECTION,),
     "gigachat": GIGACHAT_OPENERS,
+    "minimax-m3": (MINIMAX_M3_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -104,6 +106,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         HY3_OPEN,
         SOLAR_SECTION,
         *GIGACHAT_OPENERS,
+        MINIMAX_M3_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -373,6 +376,8 @@ class TextExtractor:
             return SectionParser(KIMI)
         if marker == SOLAR_SECTION:
             return SectionParser(SOLAR)
+        if marker == MINIMAX_M3_OPEN:
+            return MiniMaxM3Parser(self._options.tools)
         if marker == MINIMAX_M2_OPEN:
             return InvokeParser(MINIMAX_M2, self._options.tools)
         if marker in DSML_OPENERS:
