@@ -46,7 +46,6 @@ UNREAD = {
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
     "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
     "muse-glimmer": "Muse Glimmer (<atem:function_calls>)",
-    "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
     "openbmb-MiniCPM5-1B": "MiniCPM 5 (<function name=...><param name=...>)",
     "tencent-Hy3": "Hunyuan Hy3 (<tool_call:opensource>)",
     "upstage-Solar-Open-100B": "Solar Open (<|tool_call:begin|>ID<|tool_call:name|>)",

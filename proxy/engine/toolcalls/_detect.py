@@ -46,6 +46,8 @@ def detect_tool_call_format(template: str) -> str:
         return "gemma4"
     if "<|tool_call_start|>" in template or "<|tool_list_start|>" in template:
         return "lfm2"
+    if "<TOOLCALL>" in template:
+        return "nemotron"
     if "<minimax:tool_call>" in template:
         return "minimax-m2"
     if "<tool_calls>" in template:

@@ -41,11 +41,13 @@ from proxy.engine.toolcalls._events import (
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
 from proxy.engine.toolcalls._invoke import InvokeParser
+from proxy.engine.toolcalls._jsonlist import ListFormat, ListParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
+from proxy.engine.toolcalls._nemotron import NEMOTRON, NEMOTRON_OPEN
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
@@ -59,6 +61,9 @@ log = logging.getLogger("toolpair.toolcalls")
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 DEFAULT_REASONING_MARKERS = (THINK_OPEN, THINK_CLOSE)
+
+_LISTS: dict[str, ListFormat] = {NEMOTRON_OPEN: NEMOTRON}
+"""The start marker of each family that writes its calls as one JSON array (:mod:`._jsonlist`)."""
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "hermes": (TOOL_CALL_OPEN,),
@@ -76,6 +81,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "dsml": DSML_OPENERS,
     "gemma4": (GEMMA4_OPEN,),
     "lfm2": (LFM2_OPEN,),
+    "nemotron": (NEMOTRON_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -87,6 +93,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         *DSML_OPENERS,
         GEMMA4_OPEN,
         LFM2_OPEN,
+        *_LISTS,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -352,6 +359,8 @@ class TextExtractor:
             return InvokeParser(DSML, self._options.tools)
         if marker == LFM2_OPEN:
             return Lfm2Parser()
+        if marker in _LISTS:
+            return ListParser(_LISTS[marker])
         if marker == GEMMA4_OPEN:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
