@@ -36,8 +36,6 @@ from tests.support.proxies import MakeProxy
 UNREAD = {
     "Apertus-8B-Instruct": "Apertus (<|tools_prefix|>[{NAME: {...}}])",
     "ByteDance-Seed-OSS": "Seed-OSS (<seed:tool_call>)",
-    "Cohere2MoE": "Cohere2 (<|START_ACTION|>[...])",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B (<|START_ACTION|>[...])",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "DeepSeek R1 distill (tool-calls-begin markers, fenced JSON)",
     "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",
     "GigaChat3.1-10B-A1.8B": "GigaChat 3.1 (<|function_call|>)",

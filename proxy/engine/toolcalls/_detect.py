@@ -48,6 +48,8 @@ def detect_tool_call_format(template: str) -> str:
         return "lfm2"
     if "<TOOLCALL>" in template:
         return "nemotron"
+    if "<|START_ACTION|>" in template:
+        return "cohere"
     if "<minimax:tool_call>" in template:
         return "minimax-m2"
     if "<tool_calls>" in template:
