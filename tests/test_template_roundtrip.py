@@ -34,7 +34,6 @@ from tests.mock_engine import MockEngine, answers
 from tests.support.proxies import MakeProxy
 
 UNREAD = {
-    "Apertus-8B-Instruct": "Apertus (<|tools_prefix|>[{NAME: {...}}])",
     "ByteDance-Seed-OSS": "Seed-OSS (<seed:tool_call>)",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "DeepSeek R1 distill (tool-calls-begin markers, fenced JSON)",
     "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",

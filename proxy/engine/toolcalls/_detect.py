@@ -50,6 +50,8 @@ def detect_tool_call_format(template: str) -> str:
         return "nemotron"
     if "<|START_ACTION|>" in template:
         return "cohere"
+    if "<|tools_prefix|>" in template:
+        return "apertus"
     if "<minimax:tool_call>" in template:
         return "minimax-m2"
     if "<tool_calls>" in template:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.engine.toolcalls._apertus import APERTUS, APERTUS_OPEN
 from proxy.engine.toolcalls._cohere import COHERE, COHERE_OPEN
 from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
 from proxy.engine.toolcalls._dsml import DSML, DSML_OPENERS
@@ -63,7 +64,7 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 DEFAULT_REASONING_MARKERS = (THINK_OPEN, THINK_CLOSE)
 
-_LISTS: dict[str, ListFormat] = {NEMOTRON_OPEN: NEMOTRON, COHERE_OPEN: COHERE}
+_LISTS: dict[str, ListFormat] = {NEMOTRON_OPEN: NEMOTRON, COHERE_OPEN: COHERE, APERTUS_OPEN: APERTUS}
 """The start marker of each family that writes its calls as one JSON array (:mod:`._jsonlist`)."""
 
 FORMATS: dict[str, tuple[str, ...]] = {
@@ -84,6 +85,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "lfm2": (LFM2_OPEN,),
     "nemotron": (NEMOTRON_OPEN,),
     "cohere": (COHERE_OPEN,),
+    "apertus": (APERTUS_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
