@@ -39,7 +39,6 @@ UNREAD = {
     "GigaChat3-10B-A1.8B": "GigaChat 3 (function call role)",
     "GigaChat3.1-10B-A1.8B": "GigaChat 3.1 (<|function_call|>)",
     "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
-    "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
     "MiniMax-M3": "MiniMax M3 (]<]minimax[>[ delimited invoke)",
     "muse-glimmer": "Muse Glimmer (<atem:function_calls>)",

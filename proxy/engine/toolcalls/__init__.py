@@ -5,7 +5,8 @@ Formats (``tool_call_format``): ``hermes`` (also Qwen 2.5 and Qwen 3),
 ``dsml`` (DeepSeek V3.2 and V4), ``kimi-k2``, ``harmony`` (gpt-oss), ``glm``
 (also Ling, Spark, Laguna), ``minimax-m1``, ``minimax-m2``, ``gemma4``, ``lfm2``
 (LFM2 and LFM2.5), ``nemotron`` (Nemotron Nano v2),
-``cohere`` (Command R7B, Cohere2), ``apertus``, or ``auto`` for every marked form.
+``cohere`` (Command R7B, Cohere2), ``apertus``,
+``functionary-v3.1``, or ``auto`` for every marked form.
 The core is :class:`TextExtractor`, a stream transducer over text;
 :class:`ChunkExtractor` applies it to a stream of chunk dicts and
 :func:`extract_completion` to a whole reply.

@@ -52,6 +52,8 @@ def detect_tool_call_format(template: str) -> str:
         return "cohere"
     if "<|tools_prefix|>" in template:
         return "apertus"
+    if "<function=" in template and "</function>" in template:
+        return "functionary-v3.1"  # after qwen3-coder, whose <function= holds <parameter=
     if "<minimax:tool_call>" in template:
         return "minimax-m2"
     if "<tool_calls>" in template:

@@ -40,6 +40,7 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._functionary import FunctionaryParser
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._harmony import HARMONY_OPENERS, HarmonyReader
 from proxy.engine.toolcalls._invoke import InvokeParser
@@ -86,6 +87,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "nemotron": (NEMOTRON_OPEN,),
     "cohere": (COHERE_OPEN,),
     "apertus": (APERTUS_OPEN,),
+    "functionary-v3.1": (FUNCTION_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -369,6 +371,8 @@ class TextExtractor:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
             return MiniMaxM1Parser()
+        if marker == FUNCTION_OPEN and self._options.calls == "functionary-v3.1":
+            return FunctionaryParser()
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:
