@@ -44,6 +44,7 @@ from engine_launcher.template_file import TemplateFileError, template_file_parts
 
 __all__ = [
     "CALL_IDS",
+    "REASONING_MARKERS",
     "RESULTS",
     "Pairing",
     "Renderer",
@@ -279,6 +280,18 @@ WRITTEN_CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 """Two parallel calls of two tools, with a string and a number among their arguments."""
 
+REASONING_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<seed:think>", "</seed:think>"),
+    ("<mm:think>", "</mm:think>"),
+    ("<think:opensource>", "</think:opensource>"),
+    ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+    ("<|START_THINKING|>", "<|END_THINKING|>"),
+    ("<think>", "</think>"),
+)
+"""Every reasoning pair toolpair knows, most specific first (``<think>`` is also inside others).
+Here because the written turn needs them (a generation prompt may open one); the proxy reads
+reasoning with the same table (``proxy.engine.toolcalls._reasoning``)."""
+
 _TURN_MARK = "Sunny-7Qx"
 """A plain assistant reply, to learn what closes a turn: found nowhere else in a rendering."""
 
@@ -314,6 +327,8 @@ def _after_prompt(turn: str, prompt: str) -> str:
     '<b>'
     >>> _after_prompt("<a><b>", "<a><think>\\n")
     '</think>\\n\\n<b>'
+    >>> _after_prompt("<a><|START_ACTION|>", "<a><|START_THINKING|>")
+    '<|END_THINKING|><|START_ACTION|>'
     """
     shared = 0
     for a, b in zip(turn, prompt, strict=False):
@@ -324,8 +339,10 @@ def _after_prompt(turn: str, prompt: str) -> str:
         while shared and turn[shared - 1] not in ">\n":
             shared -= 1
     text, opened = turn[shared:], prompt[shared:]
-    if "<think>" in opened and "</think>" not in opened and "</think>" not in text:
-        return "</think>\n\n" + text  # the prompt left the model inside <think>: it closes it first
+    for opening, closing in REASONING_MARKERS:
+        if opening in opened and closing not in opened and closing not in text:
+            # The prompt left the model inside its reasoning: its text closes it first.
+            return closing + ("\n\n" if closing == "</think>" else "") + text
     return text
 
 
@@ -335,6 +352,26 @@ def _turn_text(source: TemplateSource, renderer: Renderer, turn: dict[str, Any])
     prompt = render(source, [question], renderer, tools=WRITTEN_TOOLS)
     rendered = render(source, [question, turn], renderer, tools=WRITTEN_TOOLS, add_generation_prompt=False)
     return _after_prompt(rendered, prompt)
+
+
+def _without_closing(text: str, closing: str) -> str:
+    """``text`` less the longest end of a plain turn's ``closing`` that it ends with, cut where a token starts.
+
+    A turn of calls may close differently from a plain one at first and alike after: Command R7B
+    closes a reply ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`` and its calls
+    ``<|END_ACTION|><|END_OF_TURN_TOKEN|>``; only the shared end is what closes the turn. The cut
+    falls between two whole tokens of the closing (``><``), never inside one's words.
+
+    >>> _without_closing("<a>[...]<|END_ACTION|><|END_OF_TURN_TOKEN|>", "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>")
+    '<a>[...]<|END_ACTION|>'
+    >>> _without_closing("<call>x</call>", "<|im_end|>")
+    '<call>x</call>'
+    """
+    stripped = text.rstrip()
+    for start in (i for i, c in enumerate(closing) if i == 0 or (c == "<" and closing[i - 1] == ">")):
+        if stripped.endswith(closing[start:]):
+            return stripped[: len(stripped) - len(closing) + start]
+    return text
 
 
 def written_turn(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP_PYTHON) -> WrittenTurn | None:
@@ -372,10 +409,8 @@ def written_turn(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP
             # after one, so there the separator is not where the model stops.
             first = text.find(closing) if closing else -1
             if first >= 0 and all(name in text[:first] for name, _ in chosen):
-                text = text[:first]
-            elif closing and text.rstrip().endswith(closing):
-                text = text.rstrip()[: -len(closing)]
-            return WrittenTurn(text, chosen)
+                return WrittenTurn(text[:first], chosen)
+            return WrittenTurn(_without_closing(text, closing), chosen)
     return None
 
 

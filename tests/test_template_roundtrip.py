@@ -27,22 +27,15 @@ import pytest
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
+from bench import template_survey as survey
 from engine_launcher.template_check import WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
 from proxy import cli
 from proxy.config import Settings
 from tests.mock_engine import MockEngine, answers
 from tests.support.proxies import MakeProxy
 
-UNREAD = {
-    "Apertus-8B-Instruct": "Apertus (<|tools_prefix|>[{NAME: {...}}])",
-    "Cohere2MoE": "Cohere2 (<|START_ACTION|>[...])",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B (<|START_ACTION|>[...])",
-    "Kimi-K3": "Kimi K3 (<|open|>call tool=...)",
-    "meetkai-functionary-medium-v3.1": "Functionary v3.1 (<function=NAME>{...})",
-    "meetkai-functionary-medium-v3.2": "Functionary v3.2 (NAME\\n{...}>>>)",
-    "NVIDIA-Nemotron-Nano-v2": "Nemotron Nano v2 (<TOOLCALL>[...])",
-}
-"""Templates whose calls toolpair does not read back today (on any path), with their family and form."""
+UNREAD = survey.NOT_READ_BACK
+"""Templates whose calls toolpair does not read back today (on any path), and why (named in docs/templates.md)."""
 
 QUESTION = "What is the weather in Paris, and the time in Tokyo?"
 

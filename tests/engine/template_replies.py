@@ -46,8 +46,19 @@ def template_text(name: str) -> str:
     return (Path(survey.fetch_templates()) / f"{name}.jinja").read_text()
 
 
-def rendered_reply(name: str, end: str, start: str = CONTENT, arguments: list[dict[str, Any]] = ARGUMENTS) -> str:
-    """The assistant turn as template ``name`` renders it: from ``start`` (the content) to the last ``end``."""
+def rendered_reply(
+    name: str,
+    end: str,
+    start: str = CONTENT,
+    arguments: list[dict[str, Any]] = ARGUMENTS,
+    *,
+    follow_up: bool = False,
+) -> str:
+    """The assistant turn as template ``name`` renders it: from ``start`` (the content) to the last ``end``.
+
+    ``follow_up`` adds a user turn after it, for templates that render a last assistant turn as
+    one still being written (Nemotron Nano v2 renders its content alone then).
+    """
     calls = [
         {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(a)}}
         for i, a in enumerate(arguments)
@@ -56,6 +67,8 @@ def rendered_reply(name: str, end: str, start: str = CONTENT, arguments: list[di
         {"role": "user", "content": "Weather in Paris and New York?"},
         {"role": "assistant", "content": CONTENT, "tool_calls": calls},
     ]
+    if follow_up:
+        messages.append({"role": "user", "content": "Thanks."})
     text = render_prompt(
         template_text(name), messages, bos_token="<s>", eos_token="</s>", tools=OPENAI_TOOLS, as_transformers=True
     )

@@ -66,6 +66,14 @@ def detect_tool_call_format(template: str) -> str:
         return "gemma4"
     if "<|tool_call_start|>" in template or "<|tool_list_start|>" in template:
         return "lfm2"
+    if "<TOOLCALL>" in template:
+        return "nemotron"
+    if "<|START_ACTION|>" in template:
+        return "cohere"
+    if "<|tools_prefix|>" in template:
+        return "apertus"
+    if "<function=" in template and "</function>" in template:
+        return "functionary-v3.1"  # after qwen3-coder, whose <function= holds <parameter=
     if "<minimax:tool_call>" in template:
         return "minimax-m2"
     if "<tool_calls>" in template:

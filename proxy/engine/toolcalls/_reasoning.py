@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from engine_launcher.chat_template import render_prompt
+from engine_launcher.template_check import REASONING_MARKERS
 
 __all__ = ["DEFAULT_REASONING", "REASONING_MARKERS", "ReasoningForm", "template_reasoning"]
 
@@ -33,16 +34,6 @@ class ReasoningForm:
     close: str
     opens_in_prompt: bool = False
 
-
-REASONING_MARKERS: tuple[tuple[str, str], ...] = (
-    ("<seed:think>", "</seed:think>"),
-    ("<mm:think>", "</mm:think>"),
-    ("<think:opensource>", "</think:opensource>"),
-    ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
-    ("<|START_THINKING|>", "<|END_THINKING|>"),
-    ("<think>", "</think>"),
-)
-"""Every reasoning pair toolpair knows, most specific first (``<think>`` is also inside others)."""
 
 DEFAULT_REASONING = ReasoningForm("<think>", "</think>")
 

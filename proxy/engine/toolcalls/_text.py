@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.engine.toolcalls._apertus import APERTUS, APERTUS_OPEN
+from proxy.engine.toolcalls._cohere import COHERE, COHERE_OPEN
 from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
 from proxy.engine.toolcalls._dsml import DSML, DSML_OPENERS
 from proxy.engine.toolcalls._events import (
@@ -38,12 +40,14 @@ from proxy.engine.toolcalls._events import (
     ToolCall,
     random_call_id,
 )
+from proxy.engine.toolcalls._functionary import FunctionaryParser
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._gigachat import GIGACHAT_END, GIGACHAT_OPENERS
 from proxy.engine.toolcalls._glimmer import GLIMMER
 from proxy.engine.toolcalls._harmony import HARMONY, HARMONY_OPENERS, HarmonyDialect, HarmonyReader
 from proxy.engine.toolcalls._hy3 import HY3_OPEN, Hy3Parser
 from proxy.engine.toolcalls._invoke import InvokeParser
+from proxy.engine.toolcalls._jsonlist import ListFormat, ListParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
 from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
@@ -51,6 +55,7 @@ from proxy.engine.toolcalls._minicpm import MINICPM5, MINICPM5_OPEN
 from proxy.engine.toolcalls._minimax import MINIMAX_M1_OPEN, MINIMAX_M2, MINIMAX_M2_OPEN, MiniMaxM1Parser
 from proxy.engine.toolcalls._minimax_m3 import MINIMAX_M3_OPEN, MiniMaxM3Parser
 from proxy.engine.toolcalls._mistral import TOOL_CALLS, MistralParser
+from proxy.engine.toolcalls._nemotron import NEMOTRON, NEMOTRON_OPEN
 from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
@@ -66,6 +71,9 @@ log = logging.getLogger("toolpair.toolcalls")
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 DEFAULT_REASONING_MARKERS = (THINK_OPEN, THINK_CLOSE)
+
+_LISTS: dict[str, ListFormat] = {NEMOTRON_OPEN: NEMOTRON, COHERE_OPEN: COHERE, APERTUS_OPEN: APERTUS}
+"""The start marker of each family that writes its calls as one JSON array (:mod:`._jsonlist`)."""
 
 FORMATS: dict[str, tuple[str, ...]] = {
     "hermes": (TOOL_CALL_OPEN,),
@@ -90,6 +98,10 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "solar-open": (SOLAR_SECTION,),
     "gigachat": GIGACHAT_OPENERS,
     "minimax-m3": (MINIMAX_M3_OPEN,),
+    "nemotron": (NEMOTRON_OPEN,),
+    "cohere": (COHERE_OPEN,),
+    "apertus": (APERTUS_OPEN,),
+    "functionary-v3.1": (FUNCTION_OPEN,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -107,6 +119,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         SOLAR_SECTION,
         *GIGACHAT_OPENERS,
         MINIMAX_M3_OPEN,
+        *_LISTS,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -384,6 +397,8 @@ class TextExtractor:
             return InvokeParser(DSML, self._options.tools)
         if marker == LFM2_OPEN:
             return Lfm2Parser()
+        if marker in _LISTS:
+            return ListParser(_LISTS[marker])
         if marker == GEMMA4_OPEN:
             return Gemma4Parser()
         if marker == MINIMAX_M1_OPEN:
@@ -394,6 +409,8 @@ class TextExtractor:
             return InvokeParser(MINICPM5, self._options.tools)
         if marker == SEED_OPEN:
             return TaggedCallParser(self._options.tools, close=SEED_CLOSE)
+        if marker == FUNCTION_OPEN and self._options.calls == "functionary-v3.1":
+            return FunctionaryParser()
         return TaggedCallParser(self._options.tools, after_function_tag=marker == FUNCTION_OPEN)
 
     def _begin(self, parser: CallParser) -> None:

@@ -1,0 +1,82 @@
+"""Nemotron Nano v2: ``<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>``, read from its own template."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format
+from tests.engine.template_replies import (
+    CALLS,
+    TOOLS,
+    assert_every_split_agrees,
+    assert_read_back,
+    assert_stays_content,
+    calls_of,
+    content_of,
+    extract,
+    rendered_reply,
+    template_text,
+)
+
+NAME = "NVIDIA-Nemotron-Nano-v2"
+NEMOTRON = ExtractOptions(calls="nemotron", tools=TOOLS)
+OPEN, END = "<TOOLCALL>", "</TOOLCALL>"
+
+
+def turn() -> str:
+    """The template's calls; it renders a turn's content apart from them, in a turn of its own."""
+    return rendered_reply(NAME, END, start=OPEN, follow_up=True)
+
+
+def test_the_template_is_detected() -> None:
+    assert detect_tool_call_format(template_text(NAME)) == "nemotron"
+
+
+@pytest.mark.parametrize("calls", ["nemotron", "auto"])
+def test_the_templates_own_parallel_calls_are_read_back(calls: str) -> None:
+    assert_read_back(turn(), ExtractOptions(calls=calls, tools=TOOLS), content="")
+
+
+def test_content_before_the_calls_stays_content() -> None:
+    assert_read_back("Checking both cities.\n" + turn(), NEMOTRON)
+
+
+def test_reasoning_the_prompt_opened_then_calls() -> None:
+    options = ExtractOptions(calls="nemotron", tools=TOOLS, reasoning=True, think_open=True)
+    text = "Two cities, two calls.\n</think>\n\n" + turn()
+    events, _ = extract(text, options)
+    assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities, two calls.\n"]
+    assert calls_of(events) == CALLS and content_of(events) == ""
+    assert_every_split_agrees(text, options)
+
+
+def test_without_the_close_marker_the_calls_stand() -> None:
+    events, _ = extract('<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', NEMOTRON)
+    assert calls_of(events) == [("get_weather", {"city": "Paris"})] and content_of(events) == ""
+
+
+def test_text_after_the_calls_stays_content() -> None:
+    events, _ = extract('<TOOLCALL>[{"name": "f", "arguments": {}}]</TOOLCALL> Done.', NEMOTRON)
+    assert calls_of(events) == [("f", {})] and content_of(events) == "Done."
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}',  # cut off
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}, 3]</TOOLCALL>',
+        '<TOOLCALL>[{"name": "get_weather", "arguments": [1]}]</TOOLCALL>',
+        '<TOOLCALL>[{"arguments": {"city": "Paris"}}]</TOOLCALL>',  # no name
+        '<TOOLCALL>{"name": "get_weather", "arguments": {}}</TOOLCALL>',  # not an array
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": NaN}}]</TOOLCALL>',  # not JSON
+        "<TOOLCALL>[]</TOOLCALL>",
+    ],
+)
+def test_malformed_calls_stay_content(bad: str) -> None:
+    assert_stays_content("Sure. " + bad, NEMOTRON)
+
+
+def test_parallel_off_keeps_the_first() -> None:
+    options = ExtractOptions(calls="nemotron", tools=TOOLS, parallel=False)
+    events, extractor = extract(turn(), options)
+    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
