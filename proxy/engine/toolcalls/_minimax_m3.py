@@ -22,10 +22,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.engine.toolcalls._calls import dump_arguments
 from proxy.engine.toolcalls._events import ParsedCall, Step, StepState
 from proxy.engine.toolcalls._scan import skip_space
-from proxy.engine.toolcalls._typed import convert_value, parameter_schemas
+from proxy.engine.toolcalls._typed import typed_arguments
 
 __all__ = ["MINIMAX_M3_OPEN", "MINIMAX_M3_TOKEN", "MiniMaxM3Parser"]
 
@@ -128,6 +127,4 @@ class MiniMaxM3Parser:
         return text[start : end + 1]
 
     def _call(self) -> ParsedCall:
-        schema = parameter_schemas(self._tools, self._name)
-        arguments = {key: convert_value(raw, schema.get(key)) for key, raw in self._values.items()}
-        return ParsedCall(self._name, dump_arguments(arguments))
+        return ParsedCall(self._name, typed_arguments(self._tools, self._name, self._values))
