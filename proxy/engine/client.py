@@ -40,7 +40,7 @@ from multidict import CIMultiDict
 
 from proxy._types import Body
 from proxy.engine.adapt import adapt_chat_request
-from proxy.engine.model_names import ModelNames
+from proxy.engine.model_names import REFUSAL_STATUSES, ModelNames, ModelPlan, refused_name
 from proxy.engine.plan import EngineSetup, ReplyPlan, reply_plan
 from proxy.engine.queueing import EnginePool, conversation_key
 from proxy.engine.stop_sequences import EndMarkerGuard, strip_end_marker_prefix
@@ -258,16 +258,19 @@ class EngineClient:
         return self.engine.model_names
 
     @asynccontextmanager
-    async def admitted(self, request: web.Request, chat: Body | None = None) -> AsyncIterator[EngineCall]:
+    async def admitted(
+        self, request: web.Request, chat: Body | None = None, *, model: ModelPlan | None = None
+    ) -> AsyncIterator[EngineCall]:
         """The one place a request enters admission; the engine is this request's until the block ends.
 
         ``chat`` is the Chat body about to be sent, when there is one: its conversation key lets
         admission prefer the engine that served the conversation's last turn (its KV state and
-        prompt cache still hold the prefix).
+        prompt cache still hold the prefix). ``model`` is the request's model plan: the engine's
+        answers name the client's model again, and a refused name gets the engine's names.
         """
         conversation = conversation_key(chat.get("messages")) if self._affinity and chat is not None else None
         async with self._admission(request, conversation) as target:
-            yield EngineCall(self.upstream.at(target), self.setup)
+            yield EngineCall(self.upstream.at(target), self.setup, model)
 
 
 @dataclass
@@ -276,6 +279,8 @@ class EngineCall:
 
     upstream: Upstream
     setup: EngineSetup
+    model: ModelPlan | None = None
+    """The request's model plan (:mod:`proxy.engine.model_names`), where it made one."""
 
     def open(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
@@ -298,7 +303,27 @@ class EngineCall:
             raw = await self.upstream.read(response)
         except UpstreamError:
             raw = b""
-        return UpstreamStatusError(engine_message(raw), status=response.status)
+        return self.error_from(response.status, raw)
+
+    def error_from(self, status: int, raw: bytes) -> UpstreamStatusError:
+        """An engine's error body as an error; a refused name the engine does not know gets the names it does."""
+        message = engine_message(raw)
+        return UpstreamStatusError(refused_name(message, status, self.model) or message, status=status)
+
+    def may_refuse_name(self, status: int) -> bool:
+        """Whether an answer with this status may be the engine refusing a model name it does not know."""
+        return self.model is not None and self.model.reason == "unknown" and status in REFUSAL_STATUSES
+
+    def name_refusal(self, status: int, raw: bytes) -> UpstreamStatusError | None:
+        """The engine's refusal of a model name it does not know, with the names it knows; else None.
+
+        For answers toolpair would relay as they are: only this refusal becomes toolpair's error (in
+        the client's API shape); every other error answer stays the engine's, byte for byte.
+        """
+        if not self.may_refuse_name(status):
+            return None
+        said = refused_name(engine_message(raw), status, self.model)
+        return UpstreamStatusError(said, status=status) if said is not None else None
 
     async def reply(self, response: aiohttp.ClientResponse, plan: ReplyPlan | None) -> tuple[bytes, Body]:
         """A whole successful answer: its bytes (the engine's own when nothing was rewritten) and the completion."""

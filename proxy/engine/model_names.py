@@ -7,8 +7,11 @@ do not know, and llama-swap matches exact aliases only. So, per request:
 - the first ``model_map`` entry (``PATTERN=MODEL``, an :mod:`fnmatch` glob, case-sensitive on every
   system) whose pattern matches the asked name sends ``MODEL`` instead;
 - without a map, an engine that lists exactly one model at ``/v1/models`` gets that model for a
-  name it does not know (its ids and aliases are the names it knows);
-- otherwise the name goes as the client sent it, and the engine's answer stands.
+  name it does not know (its ids and aliases are the names it knows); so does llama-server's
+  router (``--models-dir``: many models, loaded on demand) with exactly one of them loaded;
+- otherwise the name goes as the client sent it. Where the engine then refuses a name it does not
+  list, the client gets the engine's words plus the names it knows and the flag that maps others
+  (:func:`refused_name`), in its API's own error shape.
 
 Whenever the name sent differs from the one asked, the answer names the asked one again (whole
 and streamed): a client checks the model it gets back against the one it asked for.
@@ -36,6 +39,7 @@ __all__ = [
     "MODELS_PATH",
     "NO_MODELS",
     "NO_NAMES",
+    "REFUSAL_STATUSES",
     "EngineModels",
     "MapEntry",
     "ModelNames",
@@ -44,6 +48,7 @@ __all__ = [
     "model_line",
     "parse_model_map",
     "plan_model",
+    "refused_name",
     "restore_chunk",
     "restore_model",
     "with_model",
@@ -88,15 +93,30 @@ class EngineModels:
     ids: tuple[str, ...] = ()
     known: frozenset[str] = frozenset()
     """The ids and their aliases."""
+    router: bool = False
+    """The list carries llama-server's router statuses (``--models-dir``): models load on demand."""
+    running: tuple[str, ...] = ()
+    """The router's models that are loaded, loading or asleep (those it answers without a new load)."""
 
     @property
     def only(self) -> str | None:
-        """The one model the engine serves, when it lists exactly one."""
-        return self.ids[0] if len(self.ids) == 1 else None
+        """The one model a name the engine does not know goes to: its only one, or the router's only loaded one."""
+        if len(self.ids) == 1:
+            return self.ids[0]
+        return self.running[0] if self.router and len(self.running) == 1 else None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name it answers to, ids first, in the engine's order."""
+        return (*self.ids, *sorted(self.known.difference(self.ids)))
 
 
 NO_MODELS = EngineModels()
 """Nothing listed (not asked, not answered, or not in OpenAI's shape)."""
+
+
+_RUNNING = frozenset({"loaded", "loading", "sleeping"})
+"""Router statuses of a model that answers without a new load (``unloaded``, ``failed``... do not)."""
 
 
 def listed_models(body: object) -> EngineModels:
@@ -106,12 +126,18 @@ def listed_models(body: object) -> EngineModels:
     >>> found = listed_models(answer)
     >>> found.only, sorted(found.known)
     ('/models/gemma.gguf', ['/models/gemma.gguf', 'gemma'])
+    >>> router = listed_models({"data": [{"id": "a", "status": {"value": "unloaded"}},
+    ...                                  {"id": "b", "status": {"value": "loaded"}}]})
+    >>> router.router, router.running, router.only
+    (True, ('b',), 'b')
     >>> listed_models({"error": "unauthorized"}) == NO_MODELS
     True
     """
     data = body.get("data") if isinstance(body, dict) else None
     ids: list[str] = []
     known: set[str] = set()
+    router = False
+    running: list[str] = []
     for entry in data if isinstance(data, list) else ():
         model = entry.get("id") if isinstance(entry, dict) else None
         if not isinstance(model, str) or not model or model in ids:
@@ -120,7 +146,12 @@ def listed_models(body: object) -> EngineModels:
         known.add(model)
         aliases = entry.get("aliases")
         known.update(a for a in (aliases if isinstance(aliases, list) else ()) if isinstance(a, str) and a)
-    return EngineModels(tuple(ids), frozenset(known))
+        status = entry.get("status")
+        if isinstance(status, dict) and isinstance(status.get("value"), str):
+            router = True
+            if status["value"] in _RUNNING:
+                running.append(model)
+    return EngineModels(tuple(ids), frozenset(known), router, tuple(running))
 
 
 @dataclass(frozen=True)
@@ -131,9 +162,12 @@ class ModelPlan:
     """The client's ``model``; None when it sent none, or not a string (the engine answers that)."""
     send: str | None
     reason: str
-    """``map`` (an entry matched), ``one_model`` (the engine's only model), ``setting`` (``messages_model``),
-    ``as_asked``."""
+    """``map`` (an entry matched), ``one_model`` (the engine's only model), ``loaded_model`` (the router's
+    only loaded one), ``setting`` (``messages_model``), ``unknown`` (a name the engine does not list,
+    sent as asked: a refusal gets its names), ``as_asked``."""
     entry: MapEntry | None = None
+    listed: tuple[str, ...] = ()
+    """For ``unknown``: the names the engine knows, for the refusal."""
 
     @property
     def changed(self) -> bool:
@@ -149,16 +183,51 @@ def plan_model(asked: object, model_map: Sequence[MapEntry], engine_models: Engi
     'one_model'
     >>> plan_model("gemma", (), listed_models({"data": [{"id": "gemma"}]})).changed
     False
+    >>> plan_model("claude-opus-4", (), listed_models({"data": [{"id": "a"}, {"id": "b"}]})).listed
+    ('a', 'b')
     """
     if not isinstance(asked, str):
         return ModelPlan(None, None, "as_asked")
     for entry in model_map:
         if fnmatch.fnmatchcase(asked, entry.pattern):
             return ModelPlan(asked, entry.model, "map", entry)
+    if asked in engine_models.known or not engine_models.ids:
+        return ModelPlan(asked, asked, "as_asked")
     only = engine_models.only
-    if not model_map and only is not None and asked not in engine_models.known:
-        return ModelPlan(asked, only, "one_model")
-    return ModelPlan(asked, asked, "as_asked")
+    if not model_map and only is not None:
+        return ModelPlan(asked, only, "one_model" if len(engine_models.ids) == 1 else "loaded_model")
+    return ModelPlan(asked, asked, "unknown", listed=engine_models.names)
+
+
+REFUSAL_STATUSES = frozenset({400, 404})
+"""How engines refuse a model name they do not know (llama-server's router 400; vLLM, Ollama 404)."""
+_LISTED_AT_MOST = 24
+
+
+def refused_name(message: str, status: int, plan: ModelPlan | None) -> str | None:
+    """The engine's refusal of a name it does not know, with the names it knows and the flag; else None.
+
+    Only for a plan that sent a name the engine does not list, and only for a 400 or 404 whose
+    message speaks of the model (and names it): any other refusal is about something else.
+
+    >>> plan = plan_model("claude-opus-4", (), listed_models({"data": [{"id": "a"}, {"id": "b"}]}))
+    >>> said = refused_name("model 'claude-opus-4' not found", 400, plan)
+    >>> said.partition(" (")[2]
+    "toolpair: the engine knows the models a, b; --model-map PATTERN=MODEL maps other names to one of them, ..."
+    >>> refused_name("messages: field required", 400, plan) is None
+    True
+    """
+    if plan is None or plan.reason != "unknown" or status not in REFUSAL_STATUSES:
+        return None
+    if "model" not in message.lower() or (plan.asked and plan.asked not in message):
+        return None
+    shown = ", ".join(plan.listed[:_LISTED_AT_MOST])
+    more = f" and {len(plan.listed) - _LISTED_AT_MOST} more" if len(plan.listed) > _LISTED_AT_MOST else ""
+    pattern = plan.asked.split("-", 1)[0] + "-*" if plan.asked and "-" in plan.asked else "*"
+    return (
+        f"{message} (toolpair: the engine knows the models {shown}{more}; --model-map PATTERN=MODEL maps other "
+        f"names to one of them, e.g. --model-map '{pattern}={plan.listed[0]}')"
+    )
 
 
 @dataclass(frozen=True)
@@ -247,8 +316,17 @@ def model_line(model_map: Sequence[MapEntry], engine_models: EngineModels | None
         return head + ", ".join(map(str, model_map)) + " (first match; answers carry the client's name)"
     if engine_models is None:
         return head + "as sent; an engine listing one model gets it for names it does not know (--model-map)"
-    if engine_models.only is not None:
-        return head + f"one model: {engine_models.only} (names the engine does not know go to it)"
     listed = ", ".join(engine_models.ids[:8]) + (", ..." if len(engine_models.ids) > 8 else "")
-    shown = f"the engine lists {len(engine_models.ids)}: {listed}" if engine_models.ids else "the engine lists none"
+    if engine_models.only is not None and len(engine_models.ids) == 1:
+        return head + f"one model: {engine_models.only} (names the engine does not know go to it)"
+    if engine_models.only is not None:
+        return head + (
+            f"one loaded of the router's {len(engine_models.ids)}: {engine_models.only} "
+            "(names the engine does not know go to it while it is the only one loaded)"
+        )
+    if engine_models.router:
+        loaded = ", ".join(engine_models.running) or "none"
+        shown = f"the router lists {len(engine_models.ids)}: {listed}; loaded: {loaded}"
+    else:
+        shown = f"the engine lists {len(engine_models.ids)}: {listed}" if engine_models.ids else "the engine lists none"
     return head + f"as sent ({shown}; --model-map PATTERN=MODEL maps others)"

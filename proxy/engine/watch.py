@@ -17,6 +17,9 @@ in-process, whose ``auto`` has always meant ``generic``).
 
 The engine's ``/v1/models`` is read with each detection: what it lists decides model names with
 the settings' ``model_map`` (:mod:`proxy.engine.model_names`; :attr:`EngineWatch.model_names`).
+llama-server's router (``--models-dir``) loads and unloads models as it is asked, so its list is
+read again with every check, and before an API request while it has none loaded: a model loaded a
+moment ago takes the names it does not know at once.
 
 The decision is :func:`proxy.engine.detect.detect_engine`'s (pure); this module is the I/O
 around it.
@@ -118,6 +121,9 @@ class EngineWatch:
         self._changed = asyncio.Event()
         self._model_map = parse_model_map(settings.model_map)
         self._names = ModelNames(self._model_map)
+        self._listing = asyncio.Lock()
+        self._listed = 0
+        """How many times the list was read again: callers that waited for a read take its answer."""
 
     # --- what handlers read (no I/O) ---
 
@@ -169,6 +175,8 @@ class EngineWatch:
         engine is not reachable yet. A named kind never waits: its requests go and fail as they fail.
         """
         if self._found is not None and (self.named or self._unanswered is None):
+            if self._names.engine_models.router and not self._names.engine_models.running:
+                await self.list_models(upstream)  # a model loaded since the last check takes the names at once
             return self._found
         await self.detect(upstream)
         if self._found is None or self._unanswered is not None:
@@ -219,6 +227,24 @@ class EngineWatch:
                 return
             self._take(detect_engine(answers), models)
 
+    async def list_models(self, upstream: Upstream) -> None:
+        """Read the engine's model list again (once at a time: callers arriving meanwhile share the answer)."""
+        listed = self._listed
+        async with self._listing:
+            if self._listed != listed:
+                return
+            self._listed += 1
+            answer = await _probe(upstream, MODELS_PATH)
+            if answer.status is None:
+                return  # the check that follows tells an engine that stopped answering
+            models = listed_models(answer.body)
+            if models == self._names.engine_models:
+                return
+            self._names = ModelNames(self._model_map, models)
+            if self._found is not None:
+                self._found = dataclasses.replace(self._found, models=models)
+            log.info("the engine's models changed:\n%s", model_line(self._model_map, models))
+
     def _take(self, detection: Detection, models: EngineModels) -> None:
         before = self._found
         self._found = _found(self._settings, detection, self._template, models)
@@ -255,6 +281,8 @@ class EngineWatch:
         if self._found is not None and seen is not self._found.detection.kind:
             log.info("the engine's /health now says %s: detecting it again", seen.value)
             await self._redetect(upstream)
+        elif self._names.engine_models.router:
+            await self.list_models(upstream)
 
     async def _redetect(self, upstream: Upstream) -> None:
         self._unanswered = "being detected again"

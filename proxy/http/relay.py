@@ -18,7 +18,7 @@ from aiohttp import web
 
 from proxy.engine.adapt import refuse_completion_logprobs
 from proxy.engine.client import EngineCall, decode_completion, engine_message
-from proxy.engine.model_names import ModelPlan, restore_model
+from proxy.engine.model_names import restore_model
 from proxy.engine.upstream import forwardable_headers
 from proxy.errors import Dialect, UpstreamError, UpstreamStatusError, error_event
 from proxy.http.body import read_body
@@ -45,7 +45,6 @@ async def relay(
     raw: bool,
     completions: bool = False,
     on_empty: Callable[[], Awaitable[None]] | None = None,
-    model: ModelPlan | None = None,
 ) -> web.StreamResponse:
     """Relay an engine response to the client.
 
@@ -54,17 +53,23 @@ async def relay(
     half-written frame before it; the client's response starts with the first frame, so a stream
     that ends before it is a plain HTTP error (``on_empty`` may raise the engine's own).
 
-    ``model``: the request's model plan; when the engine got another name than the client's, the
+    The call's model plan (``call.model``): when the engine got another name than the client's, the
     answer names the client's again (:func:`~proxy.engine.model_names.restore_model`, on whole frames,
-    or on a plain body read whole), else its bytes pass as they came.
+    or on a plain body read whole), else its bytes pass as they came. The engine's refusal of a name
+    it does not know becomes toolpair's error, with the names it knows (:meth:`EngineCall.name_refusal`).
     """
+    model = call.model
     rename = model if model is not None and model.changed and not raw else None
     headers = forwardable_headers(response.headers, () if raw else _RELAY_DROP)
     is_sse = response.content_type == "text/event-stream"
     length = response.content_length
-    whole = (length is not None and length <= _BUFFER_LIMIT) or rename is not None
+    refusal = not raw and call.may_refuse_name(response.status)
+    whole = (length is not None and length <= _BUFFER_LIMIT) or rename is not None or refusal
     if not is_sse and whole and request.method != "HEAD":
         body = await call.read(response)
+        refused = call.name_refusal(response.status, body) if refusal else None
+        if refused is not None:
+            raise refused
         if completions:
             body = _check_completion(body, response.status, call.upstream.base_url)
         if rename is not None:

@@ -16,6 +16,7 @@ from proxy.engine.model_names import (
     model_line,
     parse_model_map,
     plan_model,
+    refused_name,
     restore_chunk,
     restore_model,
     with_model,
@@ -24,6 +25,16 @@ from proxy.engine.model_names import (
 MAP = parse_model_map(["claude-*haiku*=qwen3-0.6b", "claude-*=qwen3-30b", "gpt-?=gpt-oss", "local-model=gemma"])
 ONE = listed_models({"object": "list", "data": [{"id": "/models/gemma.gguf", "aliases": ["gemma", "g3"]}]})
 TWO = listed_models({"data": [{"id": "qwen3"}, {"id": "gemma"}]})
+
+
+def router(**statuses: str) -> EngineModels:
+    """llama-server's router list (``--models-dir``): every model with its status."""
+    return listed_models({"data": [{"id": name, "aliases": [], "status": {"value": value, "args": []}}
+                                   for name, value in statuses.items()]})  # fmt: skip
+
+
+NONE_LOADED = router(gemma="unloaded", smollm2="unloaded")
+ONE_LOADED = router(gemma="unloaded", smollm2="loaded")
 
 
 @pytest.mark.parametrize(
@@ -45,10 +56,21 @@ TWO = listed_models({"data": [{"id": "qwen3"}, {"id": "gemma"}]})
         ("gemma", (), ONE, "gemma", "as_asked"),
         ("/models/gemma.gguf", (), ONE, "/models/gemma.gguf", "as_asked"),
         # a map that does not match does not fall back to the one model
-        ("mistral", MAP, ONE, "mistral", "as_asked"),
-        # several models, or none listed: the name goes as sent, the engine's answer stands
-        ("claude-opus-4-5", (), TWO, "claude-opus-4-5", "as_asked"),
+        ("mistral", MAP, ONE, "mistral", "unknown"),
+        # several models: the name goes as sent, a refusal gets the names; none listed: nothing to say
+        ("claude-opus-4-5", (), TWO, "claude-opus-4-5", "unknown"),
         ("claude-opus-4-5", (), NO_MODELS, "claude-opus-4-5", "as_asked"),
+        # the router: its one loaded model is the one model; none or several loaded, as sent
+        ("claude-opus-4-5", (), ONE_LOADED, "smollm2", "loaded_model"),
+        ("claude-haiku-4-5", (), router(a="unloaded", b="loading", c="failed"), "b", "loaded_model"),
+        ("local-model", (), router(a="sleeping", b="unloaded"), "a", "loaded_model"),
+        ("gemma", (), ONE_LOADED, "gemma", "as_asked"),  # a name it knows loads that one
+        ("claude-opus-4-5", (), NONE_LOADED, "claude-opus-4-5", "unknown"),
+        ("claude-opus-4-5", (), router(a="loaded", b="loaded"), "claude-opus-4-5", "unknown"),
+        ("claude-opus-4-5", MAP, ONE_LOADED, "qwen3-30b", "map"),
+        ("mistral", MAP, ONE_LOADED, "mistral", "unknown"),
+        ("gemma", (), router(gemma="unloaded"), "gemma", "as_asked"),
+        ("claude-opus-4-5", (), router(gemma="unloaded"), "gemma", "one_model"),
         ("", (), ONE, "/models/gemma.gguf", "one_model"),
         # no name, or not a string: nothing to decide, the engine answers it
         (None, MAP, ONE, None, "as_asked"),
@@ -89,6 +111,53 @@ def test_the_map_is_read_in_order(entries: list[str], parsed: list[tuple[str, st
 def test_an_entry_without_a_pattern_and_a_model_is_refused(entry: str) -> None:
     with pytest.raises(ConfigError, match=r"model_map: .* is not PATTERN=MODEL"):
         parse_model_map(["ok=m", entry])
+
+
+def test_the_plan_for_an_unknown_name_keeps_the_names_the_engine_knows() -> None:
+    listed = [{"id": "b", "aliases": ["z", "a"]}, {"id": "c", "status": {"value": "unloaded"}}]
+    aliased = listed_models({"data": listed})
+    assert plan_model("claude-x", (), aliased).listed == ("b", "c", "a", "z")
+    assert plan_model("claude-x", (), ONE).listed == ()  # it goes to the one model: nothing to list
+
+
+ROUTER_REFUSAL = "model 'claude-opus-5-5' not found"  # llama-server's router, answering 400
+
+
+@pytest.mark.parametrize(
+    ("asked", "models", "status", "message", "refused"),
+    [
+        ("claude-opus-5-5", NONE_LOADED, 400, ROUTER_REFUSAL, True),
+        ("claude-opus-5-5", TWO, 404, "The model `claude-opus-5-5` does not exist.", True),  # vLLM's
+        ("claude-opus-5-5", NONE_LOADED, 404, 'model "claude-opus-5-5" not found, try pulling it first', True),
+        ("", NONE_LOADED, 400, "model name is missing from the request", True),
+        # another refusal, another status, or a plan that did not send an unknown name: the engine's own words
+        ("claude-opus-5-5", NONE_LOADED, 400, "'messages' is required", False),
+        ("claude-opus-5-5", NONE_LOADED, 400, "model 'other' not found", False),
+        ("claude-opus-5-5", NONE_LOADED, 401, ROUTER_REFUSAL, False),
+        ("claude-opus-5-5", NONE_LOADED, 500, ROUTER_REFUSAL, False),
+        ("claude-opus-5-5", ONE_LOADED, 400, ROUTER_REFUSAL, False),
+        ("gemma", NONE_LOADED, 400, "model 'gemma' failed to load", False),
+        ("claude-opus-5-5", NO_MODELS, 400, ROUTER_REFUSAL, False),
+    ],
+)  # fmt: skip
+def test_a_refused_unknown_name_gets_the_engines_names_and_the_flag(
+    asked: str, models: EngineModels, status: int, message: str, refused: bool
+) -> None:
+    said = refused_name(message, status, plan_model(asked, (), models))
+    if not refused:
+        assert said is None
+        return
+    assert said is not None and said.startswith(message + " (toolpair: the engine knows the models ")
+    assert ", ".join(models.ids) in said and "--model-map PATTERN=MODEL" in said
+
+
+def test_a_refusal_suggests_a_map_from_the_asked_name_and_cuts_a_long_list() -> None:
+    many = listed_models({"data": [{"id": f"m{i}"} for i in range(30)]})
+    said = refused_name("model 'claude-opus-5-5' not found", 400, plan_model("claude-opus-5-5", (), many))
+    assert said is not None and "m23 and 6 more;" in said and "m24" not in said
+    assert said.endswith("e.g. --model-map 'claude-*=m0')")
+    assert refused_name("model 'local' not found", 404, plan_model("local", (), many)) is not None
+    assert refused_name("no", 400, None) is None
 
 
 @pytest.mark.parametrize(
@@ -174,6 +243,10 @@ def test_a_decoded_chunk_names_the_asked_model() -> None:
         (MAP[:1], ONE, "claude-*haiku*=qwen3-0.6b (first match; answers carry the client's name)"),
         ((), ONE, "one model: /models/gemma.gguf (names the engine does not know go to it)"),
         ((), TWO, "as sent (the engine lists 2: qwen3, gemma; --model-map PATTERN=MODEL maps others)"),
+        ((), ONE_LOADED, "one loaded of the router's 2: smollm2 "
+                         "(names the engine does not know go to it while it is the only one loaded)"),
+        ((), NONE_LOADED, "as sent (the router lists 2: gemma, smollm2; loaded: none; "
+                          "--model-map PATTERN=MODEL maps others)"),
         ((), NO_MODELS, "as sent (the engine lists none; --model-map PATTERN=MODEL maps others)"),
         ((), None, "as sent; an engine listing one model gets it for names it does not know (--model-map)"),
     ],

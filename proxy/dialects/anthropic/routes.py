@@ -197,7 +197,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
             MessageFrames(events),
             ping_interval=settings.messages_ping_interval,
         )
-    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
+    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat, model=plan.model_plan) as call:
         if not plan.stop_sequences:
             completion = await call.completion(plan.chat, _credentials(request))
             message = message_from_completion(completion, model=plan.model)
@@ -225,7 +225,7 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
     note_model("anthropic", plan.model)
     headers = forwardable_headers(request.headers, _NATIVE_DROP)
     async with (
-        request.app[ENGINE_CLIENT].admitted(request) as call,
+        request.app[ENGINE_CLIENT].admitted(request, model=plan.model) as call,
         call.open("POST", request.path_qs, headers, plan.body) as response,
     ):
         if response.status >= 400 and response.content_type != "text/event-stream":
@@ -233,12 +233,12 @@ async def _native(request: web.Request, raw: bytes) -> web.StreamResponse:
                 answer = await call.read(response)
             except UpstreamError:
                 answer = b""
-            error = native_error(response.status, answer)
+            error = call.name_refusal(response.status, answer) or native_error(response.status, answer)
             if error is not None:
                 raise error
             out_headers = forwardable_headers(response.headers, _ANSWER_DROP)
             return web.Response(status=response.status, reason=response.reason, headers=out_headers, body=answer)
-        return await relay(request, call, response, Dialect.ANTHROPIC, raw=False, model=plan.model)
+        return await relay(request, call, response, Dialect.ANTHROPIC, raw=False)
 
 
 async def _input_tokens(request: web.Request, call: EngineCall, chat: Body) -> int:
@@ -268,7 +268,7 @@ async def _chunks(
     request: web.Request, plan: TranslationPlan, events: MessageEvents
 ) -> AsyncGenerator[Body | None, None]:
     """The engine's chunks for a streamed message; admission is entered here, so pings cover a queue wait."""
-    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
+    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat, model=plan.model_plan) as call:
         events.input_tokens = await _input_tokens(request, call, plan.chat)
         async with aclosing(call.stream(_usage_asked(plan.chat), _credentials(request))) as chunks:
             async for chunk in chunks:

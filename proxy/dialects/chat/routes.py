@@ -51,7 +51,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     note_model("chat", plan.model)
     headers = forwardable_headers(request.headers, _API_DROP)
     async with (
-        client.admitted(request, plan.data) as call,
+        client.admitted(request, plan.data, model=plan.model) as call,
         call.open("POST", request.path_qs, headers, plan.body) as response,
     ):
         if plan.reply is None or response.status >= 400:
@@ -67,7 +67,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 raw=False,
                 completions=True,
                 on_empty=diagnose,
-                model=plan.model,
             )
         out_headers = forwardable_headers(response.headers, _REWRITE_DROP)
         if response.content_type != "text/event-stream":

@@ -32,7 +32,7 @@ from proxy.dialects.responses.request import (
 from proxy.dialects.responses.store import StoredResponse, StoredResponses, create_response_store
 from proxy.dialects.responses.stream import ResponsesFrames, ResponsesStream, chat_to_response
 from proxy.engine.adapt import refuse_responses_logprobs
-from proxy.engine.model_names import with_model
+from proxy.engine.model_names import ModelPlan, with_model
 from proxy.engine.route import plan_route
 from proxy.engine.upstream import CREDENTIAL_HEADERS, forwardable_headers
 from proxy.errors import Dialect, StoreUnavailableError
@@ -117,10 +117,10 @@ async def native_response(request: web.Request) -> web.StreamResponse:
     note_model("responses", plan.model)
     headers = forwardable_headers(request.headers, ("accept-encoding",))
     async with (
-        request.app[ENGINE_CLIENT].admitted(request) as call,
+        request.app[ENGINE_CLIENT].admitted(request, model=plan.model) as call,
         call.open("POST", request.path_qs, headers, plan.body) as response,
     ):
-        return await relay(request, call, response, Dialect.RESPONSES, raw=False, model=plan.model)
+        return await relay(request, call, response, Dialect.RESPONSES, raw=False)
 
 
 # Tool types are client text that ends up in a response header and a log line:
@@ -204,9 +204,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             await _keep(request, plan, answer, len(raw) + len(orjson.dumps(answer)), parent)
 
         return await stream_reply(
-            request, _chunks(request, plan, engine_headers), frames, headers=headers, before_finish=keep
+            request, _chunks(request, plan, model, engine_headers), frames, headers=headers, before_finish=keep
         )
-    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call:
+    async with request.app[ENGINE_CLIENT].admitted(request, plan.chat, model=model) as call:
         completion = await call.completion(plan.chat, engine_headers)
     response = chat_to_response(completion, plan, response_id, created_at)
     body = orjson.dumps(response)
@@ -216,10 +216,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 async def _chunks(
-    request: web.Request, plan: ResponsesPlan, engine_headers: dict[str, str]
+    request: web.Request, plan: ResponsesPlan, model: ModelPlan, engine_headers: dict[str, str]
 ) -> AsyncGenerator[Body | None, None]:
     async with (
-        request.app[ENGINE_CLIENT].admitted(request, plan.chat) as call,
+        request.app[ENGINE_CLIENT].admitted(request, plan.chat, model=model) as call,
         # Usage asked for, so an engine that streams none gets it counted (the final response reports it).
         aclosing(call.stream({**plan.chat, "stream_options": {"include_usage": True}}, engine_headers)) as chunks,
     ):
