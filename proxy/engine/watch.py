@@ -235,8 +235,8 @@ class EngineWatch:
                 return
             self._listed += 1
             answer = await _probe(upstream, MODELS_PATH)
-            if answer.status is None:
-                return  # the check that follows tells an engine that stopped answering
+            if answer.status != 200:
+                return  # the list stands; the check that follows tells an engine that stopped answering
             models = listed_models(answer.body)
             if models == self._names.engine_models:
                 return

@@ -28,7 +28,16 @@ from engine_launcher.models import bundled_model
 from engine_launcher.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
 
-__all__ = ["MODEL_ALIAS", "RecordingHop", "Sent", "llama_server_binary", "start_llama_server", "start_sidecar"]
+__all__ = [
+    "MODEL_ALIAS",
+    "RecordingHop",
+    "Sent",
+    "llama_server_binary",
+    "models_dir",
+    "start_llama_router",
+    "start_llama_server",
+    "start_sidecar",
+]
 
 BUILD_SCRIPT = ROOT / "scripts" / "build_llama_server.sh"
 MODEL_ALIAS = "m"
@@ -73,11 +82,31 @@ def start_llama_server(
     listed, toolpair sends a name the engine does not know as that model (:mod:`proxy.engine.model_names`),
     so a request naming ``m`` reaches it as the client's bytes.
     """
-    model = bundled_model()
+    return _start_engine(binary, log_dir, ["-m", str(bundled_model()), "--alias", MODEL_ALIAS], extra, timeout, port)
+
+
+def models_dir(where: Path, *names: str) -> Path:
+    """A ``--models-dir`` holding the bundled model under each of ``names`` (``NAME.gguf``, symlinks)."""
+    where.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (where / f"{name}.gguf").symlink_to(bundled_model())
+    return where
+
+
+def start_llama_router(binary: Path, log_dir: Path, models: Path, *extra: str, timeout: float = 180.0) -> Process:
+    """llama-server's router (``--models-dir``): no model loaded until a request names one, each in its own child.
+
+    The children take the router's other arguments (``--jinja``, the context, the threads).
+    """
+    return _start_engine(binary, log_dir, ["--models-dir", str(models)], extra, timeout, None)
+
+
+def _start_engine(
+    binary: Path, log_dir: Path, model: list[str], extra: tuple[str, ...], timeout: float, port: int | None
+) -> Process:
     port = port or free_port()
     log = log_dir / f"llama-server-{port}.log"
-    command = [str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--jinja", "--host", "127.0.0.1"]
-    command += ["--port", str(port)]
+    command = [str(binary), *model, "--jinja", "--host", "127.0.0.1", "--port", str(port)]
     command += ["-c", "4096", "-np", "2", "-t", "2", *extra]
     process = _spawn(command, log)
     url = f"http://127.0.0.1:{port}"
