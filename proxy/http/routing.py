@@ -18,6 +18,12 @@ __all__ = ["note_model", "note_route", "stamp_route"]
 
 log = logging.getLogger("toolpair")
 
+_WHY = {
+    "one_model": "the engine's only model",
+    "loaded_model": "the router's only loaded model",
+    "setting": "messages_model",
+}
+
 _PLAN = "toolpair_route_plan"
 """Where the request keeps its plan until its response is prepared."""
 
@@ -32,7 +38,7 @@ def note_route(request: web.Request, api: str, plan: RoutePlan) -> None:
 def note_model(api: str, plan: ModelPlan) -> None:
     """Log at debug a model name the engine gets in place of the client's, and why."""
     if plan.changed:
-        why = f"model_map {plan.entry}" if plan.entry is not None else "the engine's only model"
+        why = f"model_map {plan.entry}" if plan.entry is not None else _WHY.get(plan.reason, plan.reason)
         log.debug("%s: model %r sent as %r (%s)", api, plan.asked, plan.send, why)
 
 
