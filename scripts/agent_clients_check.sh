@@ -16,7 +16,16 @@
 # The same clients through `toolpair proxy` (the sidecar, no flags) in front of an engine instead:
 #   UPSTREAM=llama-server scripts/agent_clients_check.sh   # llama.cpp's llama-server (scripts/build_llama_server.sh),
 #                                                          # the bundled model, --jinja, LLAMA_CTX (default 32768)
+#   UPSTREAM=llama-router scripts/agent_clients_check.sh   # llama-server's router: --models-dir with the bundled
+#                                                          # model under two names (ROUTER_MODELS), the first
+#                                                          # loaded through the router's /models/load (ROUTER_LOAD;
+#                                                          # "none" loads nothing: give a map in EXTRA_SERVE_ARGS)
+#   UPSTREAM=llama-router ROUTER_LOAD=none \
+#     EXTRA_SERVE_ARGS="--model-map claude-*=gemma-a --model-map local-model=gemma-b" scripts/agent_clients_check.sh
 #   UPSTREAM=http://127.0.0.1:8080 scripts/agent_clients_check.sh   # an engine already running there
+#   LLAMA_ARGS="-n 128" UPSTREAM=llama-server ...   # more llama-server arguments: -n caps each reply, so a tiny
+#                                                   # model that never stops (at a few tokens/s on a busy CPU)
+#                                                   # cannot outlast TURN_TIMEOUT
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,7 +37,9 @@ READY_TIMEOUT="${READY_TIMEOUT:-600}"
 PROMPT="${PROMPT:-Say hello in one short sentence.}"
 CLIENTS="${CLIENTS:-claude codex}"
 
-UPSTREAM="${UPSTREAM:-}"                # empty: toolpair serve; llama-server or a URL: toolpair proxy in front of it
+UPSTREAM="${UPSTREAM:-}"                # empty: toolpair serve; llama-server, llama-router or a URL: toolpair proxy
+ROUTER_MODELS="${ROUTER_MODELS:-gemma-a gemma-b}"
+ROUTER_LOAD="${ROUTER_LOAD:-${ROUTER_MODELS%% *}}"
 
 WORK="$(mktemp -d -t toolpair-agents-XXXXXX)"
 SERVE_PID=""
@@ -63,12 +74,20 @@ free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0
 PORT="$(free_port)"
 URL="http://127.0.0.1:$PORT"
 started="$(now)"
-if [ "$UPSTREAM" = llama-server ]; then
+if [ "$UPSTREAM" = llama-server ] || [ "$UPSTREAM" = llama-router ]; then
     LLAMA_SERVER="$(PYTHON="$PYTHON" "$ROOT/scripts/build_llama_server.sh")" || { echo "FAIL: llama-server build"; exit 1; }
     MODEL="$("$PYTHON" -c 'from engine_launcher.models import bundled_model; print(bundled_model())')"
     ENGINE_PORT="$(free_port)"
-    "$LLAMA_SERVER" -m "$MODEL" --jinja --host 127.0.0.1 --port "$ENGINE_PORT" -c "${LLAMA_CTX:-32768}" \
-        >"$WORK/engine.out" 2>"$WORK/engine.err" &
+    if [ "$UPSTREAM" = llama-router ]; then
+        mkdir -p "$WORK/models"
+        for name in $ROUTER_MODELS; do ln -s "$MODEL" "$WORK/models/$name.gguf"; done
+        WHAT_MODEL=(--models-dir "$WORK/models")
+    else
+        WHAT_MODEL=(-m "$MODEL")
+    fi
+    # shellcheck disable=SC2086  # LLAMA_ARGS is a list of words on purpose
+    "$LLAMA_SERVER" "${WHAT_MODEL[@]}" --jinja --host 127.0.0.1 --port "$ENGINE_PORT" -c "${LLAMA_CTX:-32768}" \
+        ${LLAMA_ARGS:-} >"$WORK/engine.out" 2>"$WORK/engine.err" &
     ENGINE_PID=$!
     UPSTREAM="http://127.0.0.1:$ENGINE_PORT"
     until curl -sf "$UPSTREAM/health" >/dev/null; do
@@ -78,6 +97,19 @@ if [ "$UPSTREAM" = llama-server ]; then
         sleep 0.5
     done
     echo "llama-server ready on $UPSTREAM in $(since "$started")s"
+    if [ "${WHAT_MODEL[0]}" = --models-dir ] && [ "$ROUTER_LOAD" != none ]; then
+        curl -sf -X POST -H 'Content-Type: application/json' -d "{\"model\": \"$ROUTER_LOAD\"}" \
+            "$UPSTREAM/models/load" >/dev/null || { echo "FAIL: the router did not load $ROUTER_LOAD"; exit 1; }
+        until curl -sf "$UPSTREAM/v1/models" | "$PYTHON" -c 'import json, sys
+sys.exit(not any(m["id"] == sys.argv[1] and m["status"]["value"] == "loaded" for m in json.load(sys.stdin)["data"]))' \
+            "$ROUTER_LOAD"; do
+            if [ "$(since "$started" | cut -d. -f1)" -ge "$READY_TIMEOUT" ]; then echo "FAIL: $ROUTER_LOAD not loaded"; exit 1; fi
+            sleep 0.5
+        done
+        echo "the router loaded $ROUTER_LOAD in $(since "$started")s"
+    fi
+    [ "${WHAT_MODEL[0]}" = --models-dir ] && echo "router models: $(curl -sf "$UPSTREAM/v1/models" | "$PYTHON" -c \
+        'import json, sys; print(", ".join(m["id"] + ": " + m["status"]["value"] for m in json.load(sys.stdin)["data"]))')"
 fi
 if [ -n "$UPSTREAM" ]; then
     # shellcheck disable=SC2086  # EXTRA_SERVE_ARGS is a list of words on purpose
@@ -97,7 +129,7 @@ until curl -sf "$URL/ready" >/dev/null; do
 done
 echo "$what ready in $(since "$started")s:"
 sed 's/^/  | /' "$WORK/serve.out"
-[ -n "$UPSTREAM" ] && sed 's/^/  | /' "$WORK/serve.err" | grep -v ' INFO toolpair.access' | head -12
+[ -n "$UPSTREAM" ] && sed 's/^/  | /' "$WORK/serve.err" | grep -v ' INFO toolpair.access' | head -16
 
 failures=0
 report() { # name, start, pass|fail, detail

@@ -243,7 +243,8 @@ class EngineWatch:
             self._names = ModelNames(self._model_map, models)
             if self._found is not None:
                 self._found = dataclasses.replace(self._found, models=models)
-            log.info("the engine's models changed:\n%s", model_line(self._model_map, models))
+            log.info("the engine's models changed at %s:", _utc(time.time()))
+            log.info("%s", model_line(self._model_map, models))
 
     def _take(self, detection: Detection, models: EngineModels) -> None:
         before = self._found
