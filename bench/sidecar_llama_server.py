@@ -9,7 +9,12 @@ toolpair requests are interleaved in one run, so the machine's drift hits all th
 - added latency per request: a one-token chat reply, whose prompt llama-server has cached, so the
   engine's own time is as small as it gets; toolpair's added median as a ratio to the floor's;
 - streamed tokens per second: a reply of ``--tokens`` tokens (``ignore_eos``), through toolpair and
-  direct, and their ratio.
+  direct, and their ratio;
+- the route plan's cost: a Codex-sized ``/v1/responses`` request that llama-server takes whole (Codex's
+  captured request without its hosted and namespace tools and its encrypted reasoning), one token,
+  through toolpair on ``auto`` (each request planned, :mod:`proxy.engine.route`: it goes native) and
+  through a second toolpair with ``--responses-mode native`` (no plan), interleaved; the difference
+  of their added medians and of their CPU time per request is what the plan costs.
 
 Run: ``python bench/sidecar_llama_server.py`` (after ``make llama-server``). A benchmark, not a test:
 it prints figures and checks nothing. On a busy machine, compare the ratios within one run.
@@ -82,8 +87,31 @@ async def stream_rate(session: aiohttp.ClientSession, url: str, body: bytes) -> 
     return time.perf_counter() - started, tokens
 
 
+def codex_whole() -> bytes:
+    """Codex's captured request as llama-server's own ``/v1/responses`` takes it whole: one token, not streamed."""
+    codex = orjson.loads((ROOT / "tests" / "fixtures" / "codex_0_169_request.json").read_bytes())
+    tools = [tool for tool in codex["tools"] if tool["type"] == "function"]
+    items = [item for item in codex["input"] if item.get("type") != "reasoning"]
+    codex.update(model="m", tools=tools, input=items, stream=False, max_output_tokens=1, temperature=0)
+    for dropped in ("include", "reasoning", "prompt_cache_key", "client_metadata", "store"):
+        codex.pop(dropped, None)
+    return orjson.dumps(codex)
+
+
+async def one_response(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    started = time.perf_counter()
+    async with session.post(url + "/v1/responses", data=body) as response:
+        await response.read()
+        assert response.status == 200, response.status
+        route = response.headers.get("X-Toolpair-Route")
+        assert route in (None, "native; reason=whole", "native; reason=setting"), route
+    return time.perf_counter() - started
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     engine_port, proxy_port, floor_port = free_port(), free_port(), free_port()
+    native_port = free_port()
+    forced = f"http://127.0.0.1:{native_port}"
     direct, proxied = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
     floor = f"http://127.0.0.1:{floor_port}"
     model = str(bundled_model())
@@ -98,12 +126,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, "-m", "proxy", "proxy", "--upstream", direct, "--port", str(proxy_port),
         "--log-level", "warning",
     ])  # fmt: skip
+    native_proxy = start([
+        sys.executable, "-m", "proxy", "proxy", "--upstream", direct, "--port", str(native_port),
+        "--log-level", "warning", "--responses-mode", "native",
+    ])  # fmt: skip
     results: dict[str, Any] = {}
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
             await wait_for(session, direct + "/health")
             await wait_for(session, proxied + "/ready")
             await wait_for(session, floor + "/health")
+            await wait_for(session, forced + "/ready")
             contest = Contest((direct, floor, proxied), floor_proxy.pid, proxy.pid)
 
             async def measure(url: str) -> float:
@@ -132,8 +165,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["stream_tokens_per_s"]["toolpair"] / results["stream_tokens_per_s"]["direct"]
             )
             results["stream"] = compare(times["direct"], times["floor"], times["toolpair"])
+
+            codex = codex_whole()
+            planned = Contest((direct, floor, proxied, forced), floor_proxy.pid, proxy.pid, native_proxy.pid)
+
+            async def respond(url: str) -> float:
+                return await one_response(session, url, codex)
+
+            results["route_plan"] = await planned.run(respond, args.n, warmup=5)
+            results["route_plan"]["body_bytes"] = len(codex)
     finally:
-        for process in (proxy, floor_proxy, engine):
+        for process in (proxy, native_proxy, floor_proxy, engine):
             process.terminate()
             process.wait(10)
     return results
@@ -168,6 +210,15 @@ def main() -> None:
         f"toolpair {rates['toolpair']:.1f} tok/s (ratio to direct {r['stream_rate_ratio']:.3f}); "
         f"whole stream added: floor +{stream['floor_added_median_ms']:.1f} ms, "
         f"toolpair +{stream['added_median_ms']:.1f} ms"
+    )
+    plan = r["route_plan"]
+    print(
+        f"route plan, a Codex-sized /v1/responses request that goes native ({plan['body_bytes']} bytes, one token): "
+        f"direct {plan['direct_median_ms']:.2f} ms; toolpair auto (planned) +{plan['added_median_ms']:.2f} ms, "
+        f"--responses-mode native (no plan) +{plan['against_added_median_ms']:.2f} ms: the plan "
+        f"{plan['added_median_ms'] - plan['against_added_median_ms']:+.2f} ms; CPU per request "
+        f"{plan['proxy_cpu_ms']:.2f} ms vs {plan['against_proxy_cpu_ms']:.2f} ms "
+        f"({plan['proxy_cpu_ms'] - plan['against_proxy_cpu_ms']:+.2f} ms)"
     )
 
 
