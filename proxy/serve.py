@@ -56,7 +56,6 @@ from engine_launcher.install import LLAMA_CPP_VERSION, read_record
 from engine_launcher.launch import (
     CACHE_TYPES,
     READY_PATH,
-    SPLIT_MODES,
     EngineLaunch,
     engine_command,
     engine_env,
@@ -200,34 +199,6 @@ def engine_args(entries: list[str], accepted: frozenset[str]) -> dict[str, str]:
     return found
 
 
-def _check_tuning(settings: Settings) -> None:
-    for name, least in (
-        ("max_concurrency", 1),
-        ("max_queue", 0),
-        ("engine_max_restarts", 0),
-        ("engine_parallel", 1),
-        ("engine_ctx_size", 256),
-        ("prompt_cache_size", 0),
-        ("engine_threads", 1),
-        ("engine_threads_batch", 1),
-        ("engine_batch_size", 1),
-        ("engine_ubatch_size", 1),
-        ("engine_main_gpu", 0),
-        ("engine_gpu_layers", -1),
-    ):
-        value = getattr(settings, name)
-        if value is not None and value < least:
-            raise ConfigError(f"{name} must be at least {least}")
-    for name in ("engine_cache_type_k", "engine_cache_type_v"):
-        value = getattr(settings, name)
-        if value is not None and value not in CACHE_TYPES:
-            raise ConfigError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {value!r}")
-    if settings.engine_split_mode is not None and settings.engine_split_mode not in SPLIT_MODES:
-        raise ConfigError(f"engine_split_mode must be one of {', '.join(SPLIT_MODES)}")
-    if any(share < 0 for share in settings.engine_tensor_split):
-        raise ConfigError("engine_tensor_split shares must not be negative")
-
-
 def _memory_plan(
     settings: Settings,
     shape: ModelShape | None,
@@ -306,7 +277,6 @@ def _times(engines: int) -> str:
 def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
     """Resolve model, template, context, memory, offload and engine settings; raise ConfigError on anything unusable."""
     warnings: list[str] = []
-    _check_tuning(settings)
     try:
         if settings.model:
             model = readable_model(Path(settings.model).expanduser())
