@@ -31,18 +31,18 @@ from engine_launcher.template_check import (
 )
 from proxy import __version__
 from proxy.app import create_app
+from proxy.banner import proxy_banner
 from proxy.config import ApiMode, ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
-from proxy.engine.detect import Detection, engine_lines, resolve_engine
+from proxy.engine.detect import Detection, resolve_engine
 from proxy.engine.kinds import EngineKind
-from proxy.engine.model_names import model_line, parse_model_map
-from proxy.engine.plan import TOOL_CALL_FORMATS, engine_setup, settings_for_engine
+from proxy.engine.model_names import parse_model_map
+from proxy.engine.plan import TOOL_CALL_FORMATS, settings_for_engine
 from proxy.engine.template_readback import read_back
 from proxy.normalize import cli as normalize_cli
-from proxy.ops.auth import keys_required, upstream_key_problem
+from proxy.ops.auth import upstream_key_problem
 from proxy.ops.logs import setup_logging
-from proxy.ops.paths import TOOLPAIR_METRICS_PATH
-from proxy.ops.status import public_url
-from proxy.serve import check_engine, plan_serve, run_serve
+from proxy.serve import check_engine, run_serve
+from proxy.serve_plan import plan_serve
 
 __all__ = ["build_parser", "main", "serve_settings"]
 
@@ -508,51 +508,6 @@ def _run_proxy(args: argparse.Namespace) -> int:
         loop=new_event_loop(),
     )
     return 0
-
-
-def proxy_banner(settings: Settings, found: Detection | None) -> str:
-    """What ``toolpair proxy`` says at start-up: the engine (when named) and what each path does.
-
-    A detected engine is not known yet when this is said: the log says what was found, and when.
-
-    >>> from proxy.engine.detect import detect_engine, ProbeAnswer
-    >>> found = detect_engine([ProbeAnswer("/health", 200, {"server": "llama.cpp"})])
-    >>> settings = Settings(upstream="http://127.0.0.1:8080", engine_kind=found.kind)
-    >>> print(proxy_banner(settings, found).splitlines()[1])
-      engine:         llama-server (detected: /health answered with "Server: llama.cpp")
-    """
-    base = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '', '::') else settings.host}:{settings.port}"
-    upstream = public_url(settings.upstream or "")
-    credentials = (
-        "toolpair checks its own keys; the engine gets upstream_api_key"
-        if keys_required(settings) and settings.upstream_api_key
-        else "toolpair checks its own keys; none reach the engine"
-        if keys_required(settings)
-        else "the client's own (Authorization, x-api-key) reach the engine, which checks them"
-    )
-    lines = [
-        f"toolpair {__version__} in front of {upstream}, listening on {base}",
-        *engine_lines(settings, found),
-        *_tool_call_lines(settings),
-        model_line(parse_model_map(settings.model_map), None),
-        f"  /metrics:       the engine's own, toolpair's families appended; toolpair's alone: {TOOLPAIR_METRICS_PATH}",
-        f"  credentials:    {credentials}",
-        "  override:       --engine-kind, --messages-mode, --responses-mode, --model-map",
-        f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
-        f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
-    ]
-    return "\n".join(lines)
-
-
-def _tool_call_lines(settings: Settings) -> list[str]:
-    """The banner's line on how tool calls are read out of the engine's text, where they are."""
-    if settings.engine_kind is EngineKind.AUTO:
-        return []  # not known until the engine is found: the log says then
-    if engine_setup(settings).profile.parses_tool_calls or settings.tool_call_format == "none":
-        return []
-    source = f"from {settings.chat_template}" if settings.chat_template else "no --chat-template-file"
-    think = "; the prompt opens <think>" if settings.think_in_prompt else ""
-    return [f"  tool calls:     {settings.tool_call_format} ({source}){think}"]
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

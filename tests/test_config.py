@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.cli import build_parser, load_proxy_settings, proxy_banner
+from proxy.banner import proxy_banner
+from proxy.cli import build_parser, load_proxy_settings
 from proxy.config import ConfigError, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

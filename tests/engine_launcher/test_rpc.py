@@ -30,7 +30,8 @@ from engine_launcher.install import EngineRecord, read_record
 from engine_launcher.launch import EngineLaunch, engine_command, free_port
 from engine_launcher.process import die_with_parent
 from engine_launcher.rpc import parse_endpoints, split_endpoint, unreachable
-from proxy import serve
+from proxy import serve_plan
+from proxy.banner import serve_banner
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.support.probes import FakeProbes
@@ -72,16 +73,16 @@ def _record(cmake_args: list[str]) -> EngineRecord:
 
 
 def test_serve_plans_every_layer_onto_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: _record([RPC_FLAG]))
-    plan = serve.plan_serve(Settings(engine_rpc=["h:1,h:2"]), out=io.StringIO(), check_machine=False)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: _record([RPC_FLAG]))
+    plan = serve_plan.plan_serve(Settings(engine_rpc=["h:1,h:2"]), out=io.StringIO(), check_machine=False)
     assert plan.launch.rpc_servers == ("h:1", "h:2") and plan.launch.n_gpu_layers == -1
-    assert "RPC workers h:1,h:2" in serve.banner(Settings(), plan)
-    assert serve.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == 0  # CPU without workers
+    assert "RPC workers h:1,h:2" in serve_banner(Settings(), plan)
+    assert serve_plan.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == 0  # CPU without workers
     with pytest.raises(ConfigError, match="engine_rpc: RPC worker 'h' is not HOST:PORT"):
-        serve.plan_serve(Settings(engine_rpc=["h"]), check_machine=False)
-    monkeypatch.setattr(serve, "read_record", lambda: _record([]))
+        serve_plan.plan_serve(Settings(engine_rpc=["h"]), check_machine=False)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: _record([]))
     with pytest.raises(ConfigError, match="built without RPC: run `toolpair engine install --rebuild`"):
-        serve.plan_serve(Settings(engine_rpc=["h:1"]), check_machine=False)
+        serve_plan.plan_serve(Settings(engine_rpc=["h:1"]), check_machine=False)
 
 
 def test_rpc_worker_refuses_every_interface_unless_told(capsys: pytest.CaptureFixture[str]) -> None:

@@ -97,7 +97,15 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 
 
 LAYERS = (
-    ("proxy.__main__", "proxy.cli", "proxy.serve", "proxy.app"),
+    (
+        "proxy.__main__",
+        "proxy.cli",
+        "proxy.serve",
+        "proxy.banner",
+        "proxy.serve_plan",
+        "proxy.serve_memory",
+        "proxy.app",
+    ),
     ("proxy.dialects",),
     ("proxy.http",),
     ("proxy.engine",),
