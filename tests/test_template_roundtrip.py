@@ -30,6 +30,7 @@ from openai import AsyncOpenAI
 from bench import template_survey as survey
 from engine_launcher.template_check import WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
 from proxy import cli
+from proxy.cli.proxy import load_proxy_settings, resolve_proxy_settings
 from proxy.config import Settings
 from tests.mock_engine import MockEngine, answers
 from tests.support.proxies import MakeProxy
@@ -121,7 +122,7 @@ def proxy_settings(upstream: str, template: Path, kind: str = "llama-cpp-python"
     args = cli.build_parser().parse_args(
         ["proxy", "--upstream", upstream, "--engine-kind", kind, "--chat-template-file", str(template)]
     )
-    settings, _ = cli.resolve_proxy_settings(cli.load_proxy_settings(args))
+    settings, _ = resolve_proxy_settings(load_proxy_settings(args))
     return settings
 
 

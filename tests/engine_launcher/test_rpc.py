@@ -93,7 +93,7 @@ def test_rpc_worker_refuses_every_interface_unless_told(capsys: pytest.CaptureFi
 def test_rpc_worker_without_rpc_server_says_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("proxy.cli.read_record", lambda: None)
+    monkeypatch.setattr("proxy.cli.rpc_worker.read_record", lambda: None)
     assert main(["rpc-worker"]) == 1
     assert "rpc-server is not installed in this environment: run `toolpair engine install`" in capsys.readouterr().err
 
@@ -107,9 +107,9 @@ def test_rpc_worker_on_a_cuda_build_for_another_gpu_stops_in_one_line(
     server.chmod(0o755)
     flags = [RPC_FLAG, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
     built = EngineRecord("cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server))
-    monkeypatch.setattr("proxy.cli.read_record", lambda: built)
+    monkeypatch.setattr("proxy.cli.rpc_worker.read_record", lambda: built)
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"})
-    monkeypatch.setattr("proxy.cli.SystemProbes", lambda timeout: h200)
+    monkeypatch.setattr("proxy.cli.rpc_worker.SystemProbes", lambda timeout: h200)
 
     def started(*args: object) -> None:
         raise AssertionError(f"rpc-server was started: {args}")

@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
 
-from proxy.cli import _settings, build_parser
+from proxy.cli import build_parser
+from proxy.cli.common import command_settings
 from proxy.config import ApiMode, Settings
 from proxy.dialects.anthropic.request import plan_translation
 from proxy.dialects.anthropic.routes import messages_mode
@@ -177,7 +178,7 @@ def test_mode_setting_auto_follows_the_engine_kind_and_the_cli_overrides() -> No
     assert messages_mode(Settings(messages_mode="auto", engine_kind="llama-server")) is ApiMode.NATIVE
     assert messages_mode(Settings(messages_mode="auto", engine_kind="llama-cpp-python")) is ApiMode.TRANSLATE
     args = build_parser().parse_args(["proxy", "--upstream", "http://e", "--messages-mode", "native"])
-    assert _settings(args, "upstream", "messages_mode").messages_mode == "native"
+    assert command_settings(args, "upstream", "messages_mode").messages_mode == "native"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["proxy", "--messages-mode", "sometimes"])
 

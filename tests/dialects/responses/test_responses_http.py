@@ -526,9 +526,10 @@ async def test_responses_mode_setting_is_validated() -> None:
 
 
 async def test_cli_responses_mode_option() -> None:
-    from proxy.cli import _settings, build_parser
+    from proxy.cli import build_parser
+    from proxy.cli.common import command_settings
 
     args = build_parser().parse_args(["proxy", "--upstream", "http://e", "--responses-mode", "native"])
-    assert _settings(args, "upstream", "responses_mode").responses_mode == "native"
+    assert command_settings(args, "upstream", "responses_mode").responses_mode == "native"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["proxy", "--responses-mode", "sometimes"])
