@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format, template_reasoning
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     TOOLS,
-    assert_every_split_agrees,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
     content_of,
+    every_split,
     extract,
     rendered_reply,
     template_text,
@@ -63,7 +64,7 @@ def test_reasoning_in_the_templates_own_markers_then_calls(name: str, variables:
     events, _ = extract(text, options)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["I will look up both cities."]
     assert calls_of(events) == CALLS and content_of(events) == ""
-    assert_every_split_agrees(text, options)
+    every_split(text, options)
 
 
 def test_without_the_close_marker_the_calls_stand() -> None:
@@ -87,6 +88,4 @@ def test_malformed_calls_stay_content(bad: str) -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="cohere", tools=TOOLS, parallel=False)
-    events, extractor = extract(turn(NAMES[1]), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(turn(NAMES[1]), "cohere")

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     CONTENT,
     TOOLS,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
@@ -78,10 +79,7 @@ def test_malformed_blocks_stay_content(bad: str) -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    events, extractor = extract(
-        rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml", tools=TOOLS, parallel=False)
-    )
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(rendered_reply(*TEMPLATES[0]), "dsml")
 
 
 def test_v3_2_s_close_of_an_empty_think_before_the_calls_is_not_content() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
+from tests.support.template_replies import (
     TOOLS,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
@@ -56,6 +56,4 @@ def test_malformed_calls_stay_content(bad: str) -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="functionary-v3.1", tools=TOOLS, parallel=False)
-    events, extractor = extract(rendered_reply(V31, END), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(rendered_reply(V31, END), "functionary-v3.1")

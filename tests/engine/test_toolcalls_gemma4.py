@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     CONTENT,
     TOOLS,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
@@ -67,9 +68,7 @@ def test_cut_off_in_the_second_call_keeps_the_first() -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="gemma4", tools=TOOLS, parallel=False)
-    events, extractor = extract(gemma_reply(TEMPLATES[0]), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(gemma_reply(TEMPLATES[0]), "gemma4")
 
 
 def test_the_31b_template_s_hand_over_after_the_calls_is_the_turn_s_close() -> None:

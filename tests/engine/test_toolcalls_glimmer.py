@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     TOOLS,
-    assert_every_split_agrees,
     assert_read_back,
     calls_of,
     content_of,
+    every_split,
     extract,
     rendered_reply,
     template_text,
@@ -51,7 +51,7 @@ def test_a_message_to_self_is_reasoning_and_one_to_user_content() -> None:
     assert calls_of(events) == CALLS and content_of(events) == "Asking."
     events, _ = extract(" to=self<|message|>Two cities.<|eom|><|start|>assistant to=user<|message|>Hi.", NO_TOOLS)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities."] and content_of(events) == "Hi."
-    assert_every_split_agrees(text, GLIMMER)
+    every_split(text, GLIMMER)
 
 
 def test_a_plain_reply_to_user_is_its_text() -> None:
@@ -74,7 +74,7 @@ def test_malformed_calls_stay_content(bad: str) -> None:
     events, extractor = extract(bad, GLIMMER)
     assert calls_of(events) == [] and extractor.malformed == 1
     assert bad.split("<|message|>")[1].split("<|eom|>")[0] in content_of(events)
-    assert_every_split_agrees(bad, GLIMMER)
+    every_split(bad, GLIMMER)
 
 
 def test_cut_off_in_the_second_call_keeps_the_first() -> None:

@@ -11,13 +11,15 @@ import re
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, ToolCall, detect_tool_call_format
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     CONTENT,
     TOOLS,
-    assert_every_split_agrees,
+    assert_parallel_off_keeps_the_first,
     calls_of,
     content_of,
+    counting_ids,
+    every_split,
     extract,
     rendered_reply,
     template_text,
@@ -46,7 +48,7 @@ def test_the_templates_own_parallel_calls_are_read_back_typed(name: str) -> None
     assert calls_of(events) == CALLS
     ids = [e.id for e in events if isinstance(e, ToolCall)]
     assert len(set(ids)) == 2 and extractor.malformed == 0
-    assert_every_split_agrees(text, GLM)
+    every_split(text, GLM)
 
 
 def test_glm_47_writes_no_newline_after_the_name() -> None:
@@ -74,7 +76,7 @@ def test_a_cut_off_call_stays_content_and_is_counted() -> None:
     assert calls_of(events) == CALLS[:1]
     assert content_of(events).startswith(CONTENT) and content_of(events).endswith(cut[cut.rindex("<tool_call>") :])
     assert extractor.malformed == 1
-    assert_every_split_agrees(cut, GLM)
+    every_split(cut, GLM)
 
 
 @pytest.mark.parametrize(
@@ -91,14 +93,11 @@ def test_malformed_calls_stay_content(bad: str) -> None:
     assert calls_of(events) == []
     assert content_of(events) == "Sure. " + bad
     assert extractor.malformed == 1
-    assert_every_split_agrees("Sure. " + bad, GLM)
+    every_split("Sure. " + bad, GLM)
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(
-        rendered_reply("GLM-4.6", END), ExtractOptions(calls="glm", tools=TOOLS, parallel=False)
-    )
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(rendered_reply("GLM-4.6", END), "glm")
 
 
 def test_a_call_without_arguments_and_values_across_lines() -> None:
@@ -106,8 +105,8 @@ def test_a_call_without_arguments_and_values_across_lines() -> None:
         "<tool_call>get_time</tool_call><tool_call>get_weather\n"
         "<arg_key>city</arg_key>\n<arg_value>São\nPaulo</arg_value>\n</tool_call>"
     )
-    events, _ = extract(text, GLM)
+    events, _ = extract(text, GLM, ids=counting_ids())
     assert calls_of(events) == [("get_time", {}), ("get_weather", {"city": "São\nPaulo"})]
     assert content_of(events) == ""
     assert all(re.fullmatch(r"openai-\d", e.id) for e in events if isinstance(e, ToolCall))
-    assert_every_split_agrees(text, GLM)
+    every_split(text, GLM)

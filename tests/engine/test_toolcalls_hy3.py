@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format, template_reasoning
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     CONTENT,
     TOOLS,
-    assert_every_split_agrees,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
     content_of,
+    every_split,
     extract,
     rendered_reply,
     template_text,
@@ -58,7 +59,7 @@ def test_its_reasoning_markers_go_to_reasoning() -> None:
     events, _ = extract(text, options)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two calls."]
     assert calls_of(events) == CALLS
-    assert_every_split_agrees(text, options)
+    every_split(text, options)
 
 
 @pytest.mark.parametrize(
@@ -83,6 +84,4 @@ def test_cut_off_in_the_second_call_keeps_the_first() -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="hy3", tools=TOOLS, parallel=False)
-    events, extractor = extract(reply(), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(reply(), "hy3")

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
+from tests.support.template_replies import (
     CONTENT,
     TOOLS,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
@@ -77,6 +77,4 @@ def test_cut_off_in_the_second_call_keeps_the_first() -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="minicpm5", tools=TOOLS, parallel=False)
-    events, extractor = extract(rendered_reply(NAME, END), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(rendered_reply(NAME, END), "minicpm5")

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     CONTENT,
     TOOLS,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
@@ -66,9 +67,7 @@ def test_m2_malformed_blocks_stay_content(bad: str) -> None:
 
 
 def test_m2_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="minimax-m2", tools=TOOLS, parallel=False)
-    events, extractor = extract(rendered_reply("MiniMax-M2", M2_END), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(rendered_reply("MiniMax-M2", M2_END), "minimax-m2")
 
 
 def test_m2_text_after_an_unclosed_block_is_content() -> None:

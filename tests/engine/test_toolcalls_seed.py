@@ -8,15 +8,16 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format, template_reasoning
-from tests.engine.template_replies import (
+from tests.support.template_replies import (
     CALLS,
     CONTENT,
     TOOLS,
-    assert_every_split_agrees,
+    assert_parallel_off_keeps_the_first,
     assert_read_back,
     assert_stays_content,
     calls_of,
     content_of,
+    every_split,
     extract,
     rendered_reply,
     template_text,
@@ -46,7 +47,7 @@ def test_its_seed_think_reasoning_goes_to_reasoning_before_the_calls() -> None:
     events, _ = extract(text, options)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities, two calls."]
     assert content_of(events) == CONTENT and calls_of(events) == CALLS
-    assert_every_split_agrees(text, options)
+    every_split(text, options)
 
 
 def test_text_after_the_calls_stays_content() -> None:
@@ -73,6 +74,4 @@ def test_cut_off_in_the_second_call_keeps_the_first() -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="seed-oss", tools=TOOLS, parallel=False)
-    events, extractor = extract(rendered_reply(NAME, END), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert_parallel_off_keeps_the_first(rendered_reply(NAME, END), "seed-oss")
