@@ -34,7 +34,7 @@ from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
-from tests.support.conversations import assistant_calls, tool_result, weather_call
+from tests.support.conversations import tool_result, weather_calls
 from tests.support.probes import FakeProbes
 from tests.support.serve import (
     alive,
@@ -148,9 +148,7 @@ async def test_chat_through_serve_non_stream_and_stream(served: Served) -> None:
     assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
 
 
-CALLS = assistant_calls(
-    weather_call("call_paris", "Paris", compact=False), weather_call("call_oslo", "Oslo", compact=False), content=""
-)
+CALLS = weather_calls(compact=False, content="")
 PARIS = tool_result("call_paris", "Paris: 18C and sunny")
 OSLO = tool_result("call_oslo", "Oslo: -3C and snowing")
 ASK = {"role": "user", "content": "What is the weather in Paris and in Oslo?"}

@@ -24,6 +24,7 @@ from anthropic import AsyncAnthropic
 from engine_launcher.models import DEFAULT_TEMPLATE
 from engine_launcher.template_check import TOOL
 from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
+from tests.support.conversations import parallel_weather
 from tests.support.serve import client, start_serve
 from tests.support.survey import survey
 
@@ -112,23 +113,9 @@ ANTHROPIC_HISTORY: list[Any] = [
 ]
 
 
-def weather_results_in_finish_order() -> list[Any]:
-    """Two calls of one tool, and their results in the order they finished (Oslo's first)."""
-    return [
-        {"role": "user", "content": "Weather in Paris and Oslo?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [_call("call_paris", '{"city": "Paris"}'), _call("call_oslo", '{"city": "Oslo"}')],
-        },
-        {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C"},
-        {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C"},
-    ]
-
-
 async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen3_coder_served: str) -> None:
     """Two calls of one tool, results in finish order: the main case, on a template that needs objects."""
-    messages = weather_results_in_finish_order()
+    messages = parallel_weather("Paris: 18C", "Oslo: -3C", compact=False)
     async with client(qwen3_coder_served) as api:
         for stream in (False, True):
             if stream:
@@ -248,7 +235,7 @@ async def test_mistral_nemo_answers_a_claude_code_history_with_toolu_ids(mistral
 
 
 async def test_mistral_nemo_answers_chat_tool_results_with_openai_ids(mistral_nemo_served: str) -> None:
-    messages = weather_results_in_finish_order()
+    messages = parallel_weather("Paris: 18C", "Oslo: -3C", compact=False)
     async with client(mistral_nemo_served) as api:
         done = await api.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=8)
     assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")

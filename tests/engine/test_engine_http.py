@@ -24,20 +24,13 @@ from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, answers, chunk, completion
+from tests.support.conversations import WEATHER_TOOL
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
 Handler = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 TWO_CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

@@ -23,26 +23,19 @@ from proxy.config import ConfigError
 from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received
+from tests.support.conversations import TWO_CALLS, tool_result
 from tests.support.proxies import MakeProxy
 
 ROOT = Path(__file__).resolve().parents[2]
-CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-        {"id": "call_b", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-    ],
-}
 PROMPT = "PROMPT-SECRET-7c1e the user's private words"
 
 
 def chat(**extra: Any) -> bytes:
     messages = [
         {"role": "user", "content": PROMPT},
-        CALLS,
-        {"role": "tool", "tool_call_id": "call_b", "content": "RESULT-SECRET-b"},
-        {"role": "tool", "tool_call_id": "call_a", "content": "RESULT-SECRET-a"},
+        TWO_CALLS,
+        tool_result("call_b", "RESULT-SECRET-b"),
+        tool_result("call_a", "RESULT-SECRET-a"),
     ]
     return orjson.dumps({"model": "m", "messages": messages, **extra})
 

@@ -19,20 +19,13 @@ from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot
 from proxy.ops.trace import note_toolcalls, trace_of
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, chunk
+from tests.support.conversations import RESULT_A as A
+from tests.support.conversations import RESULT_B as B
+from tests.support.conversations import TWO_CALLS as CALLS
 from tests.support.proxies import MakeProxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
-CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-        {"id": "call_b", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-    ],
-}
-A = {"role": "tool", "tool_call_id": "call_a", "content": "1"}
-B = {"role": "tool", "tool_call_id": "call_b", "content": "2"}
 USER = {"role": "user", "content": "go"}
 
 

@@ -25,6 +25,7 @@ from tests.sidecar.llama_server import (
     start_llama_server,
     start_sidecar,
 )
+from tests.support.conversations import assistant_calls, function_call, tool_result
 
 BINARY = llama_server_binary()
 pytestmark = pytest.mark.skipif(
@@ -39,16 +40,11 @@ KEY = "engine-key-1"
 READ = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 ASK = "Read a.py and b.py, then say which one prints."
 CHAT_TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file", "parameters": READ}}]
-CHAT_CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}},
-        {"id": "call_b", "type": "function", "function": {"name": "read", "arguments": '{"path": "b.py"}'}},
-    ],
-}
-CHAT_A = {"role": "tool", "tool_call_id": "call_a", "content": "print('a')"}
-CHAT_B = {"role": "tool", "tool_call_id": "call_b", "content": "x = 1"}
+CHAT_CALLS = assistant_calls(
+    function_call("call_a", "read", '{"path": "a.py"}'), function_call("call_b", "read", '{"path": "b.py"}')
+)
+CHAT_A = tool_result("call_a", "print('a')")
+CHAT_B = tool_result("call_b", "x = 1")
 
 ANTHROPIC_TOOLS = [{"name": "read", "description": "Read a file", "input_schema": READ}]
 ANTHROPIC_CALLS = {

@@ -14,11 +14,14 @@ __all__ = [
     "RESULT_A",
     "RESULT_B",
     "TWO_CALLS",
+    "WEATHER_QUESTION",
     "WEATHER_TOOL",
     "assistant_calls",
     "function_call",
+    "parallel_weather",
     "tool_result",
     "weather_call",
+    "weather_calls",
 ]
 
 
@@ -56,3 +59,28 @@ WEATHER_TOOL = {
     },
 }
 """The Chat tool that ``weather_call`` calls."""
+
+WEATHER_QUESTION = {"role": "user", "content": "Weather in Paris and Oslo?"}
+
+
+def weather_calls(
+    ids: tuple[str, str] = ("call_paris", "call_oslo"), *, compact: bool = True, content: str | None = None
+) -> dict[str, Any]:
+    """The assistant turn that calls ``get_weather`` for Paris and for Oslo at once, with ``ids`` in that order."""
+    paris, oslo = ids
+    return assistant_calls(
+        weather_call(paris, "Paris", compact=compact), weather_call(oslo, "Oslo", compact=compact), content=content
+    )
+
+
+def parallel_weather(
+    paris: str, oslo: str, *, ids: tuple[str, str] = ("call_paris", "call_oslo"), compact: bool = True
+) -> list[dict[str, Any]]:
+    """The case toolpair exists for: :data:`WEATHER_QUESTION`, :func:`weather_calls`, then the results ``paris``
+    and ``oslo`` in the order the tools finished, Oslo's first, so that a proxy must put Paris's back in front."""
+    return [
+        WEATHER_QUESTION,
+        weather_calls(ids, compact=compact),
+        tool_result(ids[1], oslo),
+        tool_result(ids[0], paris),
+    ]

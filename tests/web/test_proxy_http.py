@@ -15,21 +15,12 @@ from aiohttp import web
 from engine_launcher.launch import free_port
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, chunk
+from tests.support.conversations import parallel_weather
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
-CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_paris", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
-        {"id": "call_oslo", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
-    ],
-}
-OSLO = {"role": "tool", "tool_call_id": "call_oslo", "content": "-3C snow"}
-PARIS = {"role": "tool", "tool_call_id": "call_paris", "content": "18C sun"}
-USER = {"role": "user", "content": "Weather in Paris and Oslo?"}
+USER, CALLS, OSLO, PARIS = parallel_weather("18C sun", "-3C snow")
 
 
 def body(*messages: Any, **extra: Any) -> bytes:
