@@ -104,6 +104,32 @@ def answers(text: str, piece: int = 7, finish: str = "stop", usage: Any = None) 
     return handler
 
 
+def breaks_off(sent: bytes) -> Handler:
+    """Start a stream, send ``sent`` (usually ending mid-line), then drop the connection: an engine that dies."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sent)
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    return handler
+
+
+def never_answers(arrived: asyncio.Event | None = None, seconds: float = 30) -> Handler:
+    """Take the request and say nothing for ``seconds`` (longer than any test waits); set ``arrived`` first."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        if arrived is not None:
+            arrived.set()
+        await asyncio.sleep(seconds)
+        raise AssertionError("not reached")
+
+    return handler
+
+
 class MockEngine:
     """Records requests; answers from a script of handlers, then from defaults."""
 

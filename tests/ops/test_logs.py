@@ -16,13 +16,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from engine_launcher.launch import free_port
 from proxy.config import ConfigError
 from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received
+from tests.mock_engine import MockEngine, breaks_off
 from tests.support.conversations import TWO_CALLS, tool_result
 from tests.support.proxies import MakeProxy
 
@@ -156,15 +155,7 @@ async def test_probe_and_metrics_lines_are_debug_only(stack: Stack, captured: io
 
 
 async def test_log_lines_inside_a_request_carry_its_id(stack: Stack, captured: io.StringIO) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    stack.engine.then(breaks)
+    stack.engine.then(breaks_off(b'data: {"half": '))
     await request(stack.url, data=chat(stream=True), headers={"X-Request-ID": "rid-broken"})
     warnings = [line for line in json_lines(captured.getvalue()) if line["level"] == "warning"]
     assert warnings and all(line["request_id"] == "rid-broken" for line in warnings)

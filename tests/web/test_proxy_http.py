@@ -14,7 +14,7 @@ from aiohttp import web
 
 from engine_launcher.launch import free_port
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, chunk
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
 from tests.support.conversations import parallel_weather
 from tests.support.proxies import MakeProxy
 
@@ -116,15 +116,7 @@ async def test_stream_is_relayed_chunk_by_chunk_not_buffered(stack: Stack) -> No
 
 
 async def test_upstream_failure_mid_stream_ends_with_an_error_line(stack: Stack) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "partial"}) + b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    stack.engine.then(breaks)
+    stack.engine.then(breaks_off(chunk({"content": "partial"}) + b'data: {"half": '))
     status, raw, _ = await post(stack.url, body(USER, stream=True))
     assert status == 200
     frames = raw.split(b"\n\n")
@@ -188,12 +180,7 @@ async def test_engine_error_status_on_chat_is_relayed(stack: Stack) -> None:
 async def test_client_disconnect_closes_the_upstream_request(stack: Stack) -> None:
     started = asyncio.Event()
 
-    async def slow(request: web.Request, received: Received) -> web.StreamResponse:
-        started.set()
-        await asyncio.sleep(30)
-        raise AssertionError("not reached")
-
-    stack.engine.then(slow)
+    stack.engine.then(never_answers(started))
     session = aiohttp.ClientSession()
     task = asyncio.create_task(session.post(stack.url + "/v1/chat/completions", data=body(USER)))
     await asyncio.wait_for(started.wait(), 3)
@@ -233,11 +220,7 @@ async def test_upstream_down_is_a_502_naming_it(proxy_to_nowhere: tuple[str, str
 
 
 async def test_upstream_silent_past_the_read_timeout_is_a_504(engine: MockEngine, make_proxy: MakeProxy) -> None:
-    async def hang(request: web.Request, received: Received) -> web.StreamResponse:
-        await asyncio.sleep(10)
-        raise AssertionError("not reached")
-
-    engine.then(hang)
+    engine.then(never_answers(seconds=10))
     async with make_proxy.running(upstream_read_timeout=0.3) as (url, _):
         status, reply, _ = await post(url, body(USER))
     assert status == 504

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +16,7 @@ from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.sse import EventDecoder
-from tests.mock_engine import MockEngine, Received, chunk
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
 from tests.support.proxies import MakeProxy, proxy_app
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -177,11 +176,7 @@ async def test_engine_down_is_a_502_api_error(stream: bool, make_proxy_to: MakeP
 
 
 async def test_engine_silent_past_the_read_timeout_is_a_504(engine: MockEngine, make_proxy: MakeProxy) -> None:
-    async def hang(request: web.Request, received: Received) -> web.StreamResponse:
-        await asyncio.sleep(10)
-        raise AssertionError("not reached")
-
-    engine.then(hang)
+    engine.then(never_answers(seconds=10))
     async with make_proxy.running(upstream_read_timeout=0.3) as (url, _):
         status, reply, _ = await post(url, request())
     assert status == 504
@@ -205,15 +200,7 @@ async def test_an_engine_that_is_not_ready_is_overloaded(engine: MockEngine, mak
 
 
 async def test_failure_mid_stream_ends_with_an_error_event_and_no_done(url: str, engine: MockEngine) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"role": "assistant", "content": "partial"}) + b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    engine.then(breaks)
+    engine.then(breaks_off(chunk({"role": "assistant", "content": "partial"}) + b'data: {"half": '))
     status, raw, _ = await post(url, request(stream=True))
     assert status == 200
     events = [(e.event, orjson.loads(e.data)) for e in EventDecoder().feed(raw)]

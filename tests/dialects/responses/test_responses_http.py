@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 
 from proxy.config import Settings
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, chunk, completion
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, completion
 from tests.support.proxies import MakeProxy, proxy_app
 
 pytestmark = pytest.mark.asyncio
@@ -403,15 +403,7 @@ async def test_engine_garbage_is_a_502(stack: Stack) -> None:
 
 
 async def test_engine_breaking_mid_stream_ends_with_response_failed(stack: Stack) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "partial"}) + b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    stack.engine.then(breaks)
+    stack.engine.then(breaks_off(chunk({"content": "partial"}) + b'data: {"half": '))
     status, raw, _ = await post(stack.url, {"input": "x", "stream": True})
     assert status == 200
     events = sse_events(raw)
@@ -495,14 +487,7 @@ async def test_native_mode_keeps_client_bytes_when_nothing_moves(native: Stack) 
 
 
 async def test_native_mode_engine_breaking_mid_stream_ends_with_an_error_event(native: Stack) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\nda')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
+    breaks = breaks_off(b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\nda')
     native.engine.then(breaks)
     status, raw, _ = await post(native.url, {"model": "m", "input": "x", "stream": True})
     assert status == 200
