@@ -16,6 +16,7 @@ from engine_launcher.launch import free_port
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
 from tests.support.conversations import parallel_weather
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
@@ -28,13 +29,7 @@ def body(*messages: Any, **extra: Any) -> bytes:
 
 
 async def post(url: str, data: bytes, path: str = "/v1/chat/completions", **kw: Any) -> tuple[int, Any, Any]:
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data, **kw) as response:
-        raw = await response.read()
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = raw
-        return response.status, parsed, response.headers
+    return await send_and_read(url, data, path, **kw)
 
 
 async def test_reversed_results_reach_the_engine_in_call_order(stack: Stack) -> None:

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 import anthropic
 import orjson
 import pytest
@@ -17,6 +16,7 @@ from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.sse import EventDecoder
 from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -32,13 +32,7 @@ async def url(make_proxy: MakeProxy) -> str:
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages") -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data) as response:
-        raw = await response.read()
-        try:
-            return response.status, orjson.loads(raw), response.headers
-        except orjson.JSONDecodeError:
-            return response.status, raw, response.headers
+    return await send_and_read(url, body, path)
 
 
 def request(stream: bool = False, **extra: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from openai import AsyncOpenAI
 from proxy.config import Settings
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, breaks_off, chunk, completion
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
 
 pytestmark = pytest.mark.asyncio
@@ -89,14 +90,7 @@ def tool_ids(received: Received) -> list[Any]:
 
 
 async def post(url: str, body: Any, path: str = "/v1/responses") -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data) as response:
-        raw = await response.read()
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = raw
-        return response.status, parsed, response.headers
+    return await send_and_read(url, body, path)
 
 
 def sse_events(raw: bytes) -> list[dict[str, Any]]:
