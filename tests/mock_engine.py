@@ -104,6 +104,20 @@ def answers(text: str, piece: int = 7, finish: str = "stop", usage: Any = None) 
     return handler
 
 
+def streams(*pieces: bytes) -> Handler:
+    """Answer with an event stream of ``pieces``, written one by one as they are, then a clean end."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
 def breaks_off(sent: bytes) -> Handler:
     """Start a stream, send ``sent`` (usually ending mid-line), then drop the connection: an engine that dies."""
 

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDictProxy
 
-__all__ = ["send_and_read"]
+__all__ = ["leave_mid_stream", "send_and_read"]
 
 
 async def send_and_read(
@@ -28,3 +28,13 @@ async def send_and_read(
             return response.status, orjson.loads(raw), response.headers
         except orjson.JSONDecodeError:
             return response.status, raw, response.headers
+
+
+async def leave_mid_stream(url: str, path: str, until: bytes, **kw: Any) -> None:
+    """POST to ``url + path`` (``kw`` as aiohttp takes them), read the streamed answer up to ``until``, then close the
+    connection: a client that goes away while the engine is still writing."""
+    session = aiohttp.ClientSession()
+    response = await session.post(url + path, **kw)
+    await response.content.readuntil(until)
+    response.close()
+    await session.close()

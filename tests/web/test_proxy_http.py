@@ -16,7 +16,7 @@ from engine_launcher.launch import free_port
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
 from tests.support.conversations import parallel_weather
-from tests.support.http import send_and_read
+from tests.support.http import leave_mid_stream, send_and_read
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
@@ -188,11 +188,7 @@ async def test_client_disconnect_closes_the_upstream_request(stack: Stack) -> No
 async def test_client_disconnect_mid_stream_stops_the_engine(stack: Stack) -> None:
     stack.engine.stream_word_count = 1000
     stack.engine.stream_delay = 0.01
-    session = aiohttp.ClientSession()
-    response = await session.post(stack.url + "/v1/chat/completions", data=body(USER, stream=True))
-    await response.content.readuntil(b"\n\n")
-    response.close()
-    await session.close()
+    await leave_mid_stream(stack.url, "/v1/chat/completions", b"\n\n", data=body(USER, stream=True))
     await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 

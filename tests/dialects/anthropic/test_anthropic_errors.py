@@ -15,7 +15,7 @@ from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.sse import EventDecoder
-from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers, streams
 from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
 
@@ -119,14 +119,7 @@ async def test_an_engine_stream_that_ends_before_it_begins_is_diagnosed(url: str
 
 
 async def test_an_empty_stream_from_an_engine_that_then_answers_is_a_502(url: str, engine: MockEngine) -> None:
-    async def empty_stream(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    engine.then(empty_stream)
+    engine.then(streams(b"data: [DONE]\n\n"))
     status, reply, _ = await post(url, request(stream=True))
     assert status == 502
     assert_anthropic_error(reply, "api_error", "ended the stream without answering")
@@ -206,18 +199,8 @@ async def test_failure_mid_stream_ends_with_an_error_event_and_no_done(url: str,
 
 
 async def test_engine_error_event_mid_stream_and_a_stream_without_a_finish(url: str, engine: MockEngine) -> None:
-    async def sends(frames: bytes) -> Any:
-        async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            await response.write(chunk({"content": "x"}) + frames)
-            await response.write_eof()
-            return response
-
-        return handler
-
-    engine.then(await sends(b'data: {"error": {"message": "out of memory"}}\n\n'))
-    engine.then(await sends(b"data: [DONE]\n\n"))
+    engine.then(streams(chunk({"content": "x"}) + b'data: {"error": {"message": "out of memory"}}\n\n'))
+    engine.then(streams(chunk({"content": "x"}) + b"data: [DONE]\n\n"))
     async with anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0) as sdk:
         for expected in ("out of memory", "before it finished the message"):
             with pytest.raises(anthropic.APIStatusError, match=expected):
@@ -235,14 +218,7 @@ async def test_malformed_engine_answers_are_502s(url: str, engine: MockEngine) -
     assert_anthropic_error(reply, "api_error", "invalid JSON")
     bad_call = {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}
 
-    async def nameless(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "x"}) + b"data: " + orjson.dumps(bad_call) + b"\n\n")
-        await response.write_eof()
-        return response
-
-    engine.then(nameless)
+    engine.then(streams(chunk({"content": "x"}) + b"data: " + orjson.dumps(bad_call) + b"\n\n"))
     status, raw, _ = await post(url, request(stream=True))
     assert status == 200 and raw.endswith(b"\n\n")
     last = list(EventDecoder().feed(raw))[-1]

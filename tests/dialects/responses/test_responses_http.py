@@ -17,8 +17,8 @@ from openai import AsyncOpenAI
 
 from proxy.config import Settings
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, breaks_off, chunk, completion
-from tests.support.http import send_and_read
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, completion, streams
+from tests.support.http import leave_mid_stream, send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
 
 pytestmark = pytest.mark.asyncio
@@ -426,11 +426,9 @@ async def test_incomplete_stream_reaches_the_sdk_as_response_incomplete(stack: S
 async def test_client_leaving_mid_stream_stops_the_engine(stack: Stack) -> None:
     stack.engine.stream_word_count = 1000
     stack.engine.stream_delay = 0.01
-    session = aiohttp.ClientSession()
-    response = await session.post(stack.url + "/v1/responses", data=orjson.dumps({"input": "x", "stream": True}))
-    await response.content.readuntil(b"output_text.delta")
-    response.close()
-    await session.close()
+    await leave_mid_stream(
+        stack.url, "/v1/responses", b"output_text.delta", data=orjson.dumps({"input": "x", "stream": True})
+    )
     await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 
@@ -453,14 +451,7 @@ def fco(call_id: str) -> dict[str, Any]:
 
 
 async def test_native_mode_forwards_ordered_and_relays_the_engine_stream(native: Stack) -> None:
-    async def engine_responses(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'event: response.created\ndata: {"type":"response.created"}\n\n')
-        await response.write_eof()
-        return response
-
-    native.engine.then(engine_responses)
+    native.engine.then(streams(b'event: response.created\ndata: {"type":"response.created"}\n\n'))
     body = {
         "model": "m",
         "stream": True,
