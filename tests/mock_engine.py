@@ -104,16 +104,21 @@ def answers(text: str, piece: int = 7, finish: str = "stop", usage: Any = None) 
     return handler
 
 
+async def write_stream(request: web.Request, *pieces: bytes) -> web.StreamResponse:
+    """An event stream of ``pieces``, written one by one as they are, then a clean end."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for piece in pieces:
+        await response.write(piece)
+    await response.write_eof()
+    return response
+
+
 def streams(*pieces: bytes) -> Handler:
-    """Answer with an event stream of ``pieces``, written one by one as they are, then a clean end."""
+    """Answer the next request with :func:`write_stream` of ``pieces``."""
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for piece in pieces:
-            await response.write(piece)
-        await response.write_eof()
-        return response
+        return await write_stream(request, *pieces)
 
     return handler
 
