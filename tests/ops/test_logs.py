@@ -23,6 +23,7 @@ from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, breaks_off
 from tests.support.conversations import TWO_CALLS, tool_result
+from tests.support.logs import captured_logs
 from tests.support.proxies import MakeProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,15 +43,8 @@ def chat(**extra: Any) -> bytes:
 @pytest.fixture
 def captured() -> Iterator[io.StringIO]:
     """toolpair's own JSON handler on the root logger, at debug level, for one test."""
-    stream = io.StringIO()
-    handler = log_handler("json", stream)
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield stream
-    root.removeHandler(handler)
-    root.setLevel(level)
+    with captured_logs("json", logging.DEBUG) as stream:
+        yield stream
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
