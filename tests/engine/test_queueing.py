@@ -122,10 +122,7 @@ async def test_a_slot_granted_to_a_leaving_waiter_passes_to_the_next() -> None:
 async def test_a_request_waits_for_the_engine_then_gets_503() -> None:
     never = asyncio.Event()
 
-    async def not_ready() -> None:
-        await never.wait()
-
-    queue = EngineQueue(not_ready, ready_timeout=0.05)
+    queue = EngineQueue(never.wait, ready_timeout=0.05)
     with pytest.raises(EngineUnavailableError, match=r"did not become ready within 0\.05s") as refused:
         async with queue(NO_REQUEST):
             pass
@@ -136,10 +133,7 @@ async def test_a_request_waits_for_the_engine_then_gets_503() -> None:
 async def test_a_request_proceeds_once_the_engine_is_ready() -> None:
     ready = asyncio.Event()
 
-    async def when_ready() -> None:
-        await ready.wait()
-
-    queue = EngineQueue(when_ready, ready_timeout=10)
+    queue = EngineQueue(ready.wait, ready_timeout=10)
     entered: list[str] = []
     task = asyncio.create_task(hold(queue, entered, "a", ready))
     await settle()
@@ -239,10 +233,7 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(
 async def test_an_engine_that_is_not_ready_gives_503(engine: MockEngine, make_proxy: MakeProxy) -> None:
     never = asyncio.Event()
 
-    async def not_ready() -> None:
-        await never.wait()
-
-    queue = EngineQueue(not_ready, ready_timeout=0.1)
+    queue = EngineQueue(never.wait, ready_timeout=0.1)
     async with make_proxy.running(admission=queue) as (url, _):
         async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=CHAT) as r:
             body = await r.json()
