@@ -20,6 +20,7 @@ from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, breaks_off, chunk, completion, streams
 from tests.support.http import leave_mid_stream, send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
+from tests.support.responses_events import failed_response
 
 pytestmark = pytest.mark.asyncio
 
@@ -401,13 +402,7 @@ async def test_engine_breaking_mid_stream_ends_with_response_failed(stack: Stack
     status, raw, _ = await post(stack.url, {"input": "x", "stream": True})
     assert status == 200
     events = sse_events(raw)
-    assert [e["type"] for e in events[-3:]] == [
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.failed",
-    ]
-    failed = events[-1]["response"]
-    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    failed = failed_response(events)
     assert stack.engine.url in failed["error"]["message"]
     assert failed["output"][0]["content"][0]["text"] == "partial"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
