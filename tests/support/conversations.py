@@ -16,10 +16,12 @@ __all__ = [
     "TWO_CALLS",
     "WEATHER_QUESTION",
     "WEATHER_TOOL",
+    "anthropic_calls",
     "assistant_calls",
     "function_call",
     "parallel_weather",
     "tool_result",
+    "tool_use",
     "weather_call",
     "weather_calls",
 ]
@@ -84,3 +86,20 @@ def parallel_weather(
         tool_result(ids[1], oslo),
         tool_result(ids[0], paris),
     ]
+
+
+def tool_use(use_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One Anthropic ``tool_use`` block."""
+    return {"type": "tool_use", "id": use_id, "name": name, "input": arguments}
+
+
+def anthropic_calls(
+    *uses: dict[str, Any], thinking: str | None = None, text: str | None = None, signature: str = "s"
+) -> dict[str, Any]:
+    """The Anthropic assistant turn that makes ``uses`` in parallel, after a thinking and a text block when given."""
+    content: list[dict[str, Any]] = []
+    if thinking is not None:
+        content.append({"type": "thinking", "thinking": thinking, "signature": signature})
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    return {"role": "assistant", "content": [*content, *uses]}

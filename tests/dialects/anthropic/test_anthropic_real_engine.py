@@ -24,6 +24,7 @@ from anthropic import AsyncAnthropic
 from proxy.config import Settings
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
+from tests.support.conversations import anthropic_calls, tool_use
 from tests.support.proxies import MakeProxy
 
 
@@ -150,15 +151,12 @@ TOOLS_HISTORY: dict[str, Any] = {
     "tools": [WEATHER],
     "messages": [
         QUESTION,
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "thinking", "thinking": "Two calls.", "signature": "s"},
-                {"type": "text", "text": "Checking both."},
-                {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {"city": "Paris"}},
-                {"type": "tool_use", "id": "toolu_b", "name": "get_weather", "input": {"city": "Oslo"}},
-            ],
-        },
+        anthropic_calls(
+            tool_use("toolu_a", "get_weather", {"city": "Paris"}),
+            tool_use("toolu_b", "get_weather", {"city": "Oslo"}),
+            thinking="Two calls.",
+            text="Checking both.",
+        ),
         {
             "role": "user",
             "content": [
