@@ -152,9 +152,9 @@ async def queued(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[tup
     yield await make_proxy(connect_timeout=2.0, upstream_read_timeout=10.0, admission=queue), queue, engine
 
 
-def blocking(engine: MockEngine, release: asyncio.Event) -> asyncio.Event:
-    """Make the engine's next reply wait for ``release``; returns an event set when it is reached."""
-    reached = asyncio.Event()
+def blocking(engine: MockEngine) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make the engine's next reply wait; returns the event that releases it and the event set when it is reached."""
+    release, reached = asyncio.Event(), asyncio.Event()
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         reached.set()
@@ -162,7 +162,7 @@ def blocking(engine: MockEngine, release: asyncio.Event) -> asyncio.Event:
         return web.json_response(completion("slow"), dumps=lambda v: orjson.dumps(v).decode())
 
     engine.then(handler)
-    return reached
+    return release, reached
 
 
 async def until(condition: Any, within: float = 5.0) -> None:
@@ -181,8 +181,7 @@ async def test_queue_full_is_a_429_with_retry_after_in_the_openai_shape(
     queued: tuple[str, EngineQueue, MockEngine],
 ) -> None:
     url, queue, engine = queued
-    release = asyncio.Event()
-    reached = blocking(engine, release)
+    release, reached = blocking(engine)
     async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
         first = asyncio.create_task(client.chat.completions.create(**CHAT))  # type: ignore[call-overload]
         await reached.wait()
@@ -209,8 +208,7 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(
     queued: tuple[str, EngineQueue, MockEngine],
 ) -> None:
     url, queue, engine = queued
-    release = asyncio.Event()
-    reached = blocking(engine, release)
+    release, reached = blocking(engine)
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(session.post(url + "/v1/chat/completions", json=CHAT))
         await reached.wait()
