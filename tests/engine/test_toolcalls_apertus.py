@@ -24,8 +24,8 @@ def test_the_templates_own_parallel_calls_are_read_back(calls: str) -> None:
 
 
 def test_a_name_that_is_also_an_argument_key_stays_the_name() -> None:
-    events, _ = replies.extract('<|tools_prefix|>[{"name": {"name": "x"}}]<|tools_suffix|> Done.', APERTUS)
-    assert replies.calls_of(events) == [("name", {"name": "x"})] and replies.content_of(events) == "Done."
+    text = '<|tools_prefix|>[{"name": {"name": "x"}}]<|tools_suffix|> Done.'
+    assert replies.calls_and_content(text, APERTUS) == ([("name", {"name": "x"})], "Done.")
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,7 @@ def test_the_templates_own_parallel_calls_are_read_back(end_token: str) -> None:
 def test_without_the_close_tag_the_call_stands_and_text_after_it_stays_content() -> None:
     events, _ = replies.extract('<function=f>{"a": 1}', FUNCTIONARY)
     assert replies.calls_of(events) == [("f", {"a": 1})]
-    events, _ = replies.extract("<function=f>{}</function> Done.", FUNCTIONARY)
-    assert replies.calls_of(events) == [("f", {})] and replies.content_of(events) == "Done."
+    assert replies.calls_and_content("<function=f>{}</function> Done.", FUNCTIONARY) == ([("f", {})], "Done.")
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,6 @@ def test_the_31b_template_s_hand_over_after_the_calls_is_the_turn_s_close() -> N
     text = gemma_reply(TEMPLATES[0])
     calls = text[: text.rindex("<tool_call|>") + len("<tool_call|>")]
     replies.assert_read_back(calls + "<|tool_response>", GEMMA4, content="")
-    events, _ = replies.extract(calls + "<|tool_response> Sure.", GEMMA4)
-    assert replies.calls_of(events) == replies.CALLS and replies.content_of(events) == "Sure."
-    events, _ = replies.extract(calls + "<|tool_respite", GEMMA4)  # only the whole marker is the close
-    assert replies.calls_of(events) == replies.CALLS and replies.content_of(events) == "<|tool_respite"
+    assert replies.calls_and_content(calls + "<|tool_response> Sure.", GEMMA4) == (replies.CALLS, "Sure.")
+    cut = "<|tool_respite"  # only the whole marker is the close
+    assert replies.calls_and_content(calls + cut, GEMMA4) == (replies.CALLS, cut)

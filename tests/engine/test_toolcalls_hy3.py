@@ -34,8 +34,7 @@ def test_the_end_of_turn_token_the_template_writes_after_the_section_is_not_cont
 
 
 def test_text_after_the_section_stays_content() -> None:
-    events, _ = replies.extract(reply() + "\nDone.", HY3)
-    assert replies.calls_of(events) == replies.CALLS and replies.content_of(events) == replies.CONTENT + "Done."
+    assert replies.calls_and_content(reply() + "\nDone.", HY3) == (replies.CALLS, replies.CONTENT + "Done.")
 
 
 def test_its_reasoning_markers_go_to_reasoning() -> None:

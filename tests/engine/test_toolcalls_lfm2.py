@@ -38,8 +38,7 @@ def test_a_single_call_without_the_list_is_read() -> None:
 
 
 def test_text_after_the_calls_stays_content() -> None:
-    events, _ = replies.extract("<|tool_call_start|>[f()]<|tool_call_end|> Done.", LFM2)
-    assert replies.calls_of(events) == [("f", {})] and replies.content_of(events) == "Done."
+    assert replies.calls_and_content("<|tool_call_start|>[f()]<|tool_call_end|> Done.", LFM2) == ([("f", {})], "Done.")
 
 
 @pytest.mark.parametrize(

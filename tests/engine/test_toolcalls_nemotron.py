@@ -40,13 +40,13 @@ def test_reasoning_the_prompt_opened_then_calls() -> None:
 
 
 def test_without_the_close_marker_the_calls_stand() -> None:
-    events, _ = replies.extract('<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', NEMOTRON)
-    assert replies.calls_of(events) == [("get_weather", {"city": "Paris"})] and replies.content_of(events) == ""
+    text = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    assert replies.calls_and_content(text, NEMOTRON) == ([("get_weather", {"city": "Paris"})], "")
 
 
 def test_text_after_the_calls_stays_content() -> None:
-    events, _ = replies.extract('<TOOLCALL>[{"name": "f", "arguments": {}}]</TOOLCALL> Done.', NEMOTRON)
-    assert replies.calls_of(events) == [("f", {})] and replies.content_of(events) == "Done."
+    text = '<TOOLCALL>[{"name": "f", "arguments": {}}]</TOOLCALL> Done.'
+    assert replies.calls_and_content(text, NEMOTRON) == ([("f", {})], "Done.")
 
 
 @pytest.mark.parametrize(

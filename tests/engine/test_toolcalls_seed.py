@@ -40,8 +40,8 @@ def test_its_seed_think_reasoning_goes_to_reasoning_before_the_calls() -> None:
 
 
 def test_text_after_the_calls_stays_content() -> None:
-    events, _ = replies.extract(replies.rendered_reply(NAME, END) + "\nDone.", SEED)
-    assert replies.calls_of(events) == replies.CALLS and replies.content_of(events) == replies.CONTENT + "Done."
+    text = replies.rendered_reply(NAME, END) + "\nDone."
+    assert replies.calls_and_content(text, SEED) == (replies.CALLS, replies.CONTENT + "Done.")
 
 
 @pytest.mark.parametrize(

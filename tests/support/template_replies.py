@@ -39,6 +39,7 @@ __all__ = [
     "assert_parallel_off_keeps_the_first",
     "assert_read_back",
     "assert_stays_content",
+    "calls_and_content",
     "calls_of",
     "content_of",
     "counting_ids",
@@ -197,6 +198,12 @@ def calls_of(events: list[Event]) -> list[tuple[str, Any]]:
 
 def content_of(events: list[Event]) -> str:
     return "".join(e.text for e in events if isinstance(e, Content))
+
+
+def calls_and_content(text: str, options: ExtractOptions) -> tuple[list[tuple[str, Any]], str]:
+    """What a client gets from ``text`` read whole: the calls (name, parsed arguments) and the content."""
+    events, _ = extract(text, options)
+    return calls_of(events), content_of(events)
 
 
 def assert_read_back(text: str, options: ExtractOptions, content: str = CONTENT) -> None:
