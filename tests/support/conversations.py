@@ -24,6 +24,7 @@ __all__ = [
     "tool_use",
     "weather_call",
     "weather_calls",
+    "weather_uses",
 ]
 
 
@@ -103,3 +104,9 @@ def anthropic_calls(
     if text is not None:
         content.append({"type": "text", "text": text})
     return {"role": "assistant", "content": [*content, *uses]}
+
+
+def weather_uses(ids: tuple[str, str] = ("toolu_a", "toolu_b")) -> list[dict[str, Any]]:
+    """Anthropic's form of :func:`weather_calls`: ``get_weather`` for Paris and for Oslo, with ``ids`` in that order."""
+    paris, oslo = ids
+    return [tool_use(paris, "get_weather", {"city": "Paris"}), tool_use(oslo, "get_weather", {"city": "Oslo"})]

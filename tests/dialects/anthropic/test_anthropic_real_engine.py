@@ -24,7 +24,7 @@ from anthropic import AsyncAnthropic
 from proxy.config import Settings
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
-from tests.support.conversations import anthropic_calls, tool_use
+from tests.support.conversations import anthropic_calls, weather_uses
 from tests.support.proxies import MakeProxy
 
 
@@ -151,12 +151,7 @@ TOOLS_HISTORY: dict[str, Any] = {
     "tools": [WEATHER],
     "messages": [
         QUESTION,
-        anthropic_calls(
-            tool_use("toolu_a", "get_weather", {"city": "Paris"}),
-            tool_use("toolu_b", "get_weather", {"city": "Oslo"}),
-            thinking="Two calls.",
-            text="Checking both.",
-        ),
+        anthropic_calls(*weather_uses(), thinking="Two calls.", text="Checking both."),
         {
             "role": "user",
             "content": [
