@@ -8,7 +8,14 @@ import json
 import pytest
 
 from proxy.engine.toolcalls import Content, ExtractOptions, Reasoning, ToolCall, detect_tool_call_format
-from tests.support.template_replies import every_split, extract, rendered_history, reply_after_prompt, template_text
+from tests.support.template_replies import (
+    every_split,
+    extract,
+    rendered_history,
+    reply_after_prompt,
+    template_text,
+    with_parallel_off,
+)
 
 V31 = "deepseek-ai-DeepSeek-V3.1"
 R1 = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"
@@ -51,9 +58,7 @@ def test_each_deepseek_name_and_auto_read_both_forms(fmt: str) -> None:
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(v31_reply(), ExtractOptions(calls="deepseek-v3.1", parallel=False))
-    assert events == [PARIS]
-    assert extractor.dropped == 1
+    assert with_parallel_off(v31_reply(), ExtractOptions(calls="deepseek-v3.1")) == [PARIS]
 
 
 def test_a_tool_named_function_is_read_in_the_v31_form() -> None:

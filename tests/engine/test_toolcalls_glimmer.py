@@ -78,6 +78,5 @@ def test_cut_off_in_the_second_call_keeps_the_first() -> None:
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="glimmer", tools=replies.TOOLS, harmony=True, dialect="glimmer", parallel=False)
-    events, extractor = replies.extract(reply(), options)
-    assert replies.calls_of(events) == replies.CALLS[:1] and extractor.dropped == 1
+    options = ExtractOptions(calls="glimmer", tools=replies.TOOLS, harmony=True, dialect="glimmer")
+    assert replies.calls_of(replies.with_parallel_off(reply(), options)) == replies.CALLS[:1]

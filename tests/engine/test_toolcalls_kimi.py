@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import Content, ExtractOptions, Reasoning, ToolCall, detect_tool_call_format
-from tests.support.template_replies import every_split, extract, reply_after_prompt, template_text
+from tests.support.template_replies import every_split, extract, reply_after_prompt, template_text, with_parallel_off
 
 KIMI = "moonshotai-Kimi-K2"
 TOOLS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -38,9 +38,7 @@ def test_the_models_own_ids_are_replaced_by_ids_unique_per_call() -> None:
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(kimi_reply(), ExtractOptions(calls="kimi-k2", parallel=False))
-    assert events == [PARIS]
-    assert extractor.dropped == 1
+    assert with_parallel_off(kimi_reply(), ExtractOptions(calls="kimi-k2")) == [PARIS]
 
 
 def test_malformed_arguments_stay_content_and_are_counted() -> None:

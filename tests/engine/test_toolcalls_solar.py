@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.engine.toolcalls import Content, ExtractOptions, ToolCall, detect_tool_call_format
-from tests.support.template_replies import every_split, extract, reply_after_prompt, template_text
+from tests.support.template_replies import every_split, extract, reply_after_prompt, template_text, with_parallel_off
 
 SOLAR = "upstage-Solar-Open-100B"
 PARIS = ToolCall(0, "id-0", "get_weather", '{"city":"Paris"}')
@@ -36,9 +36,7 @@ def test_auto_reads_it_and_the_models_own_ids_are_replaced() -> None:
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(solar_reply(), ExtractOptions(calls="solar-open", parallel=False))
-    assert events == [PARIS]
-    assert extractor.dropped == 1
+    assert with_parallel_off(solar_reply(), ExtractOptions(calls="solar-open")) == [PARIS]
 
 
 def test_malformed_arguments_stay_content_and_are_counted() -> None:

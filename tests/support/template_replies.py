@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "rendered_reply",
     "reply_after_prompt",
     "template_text",
+    "with_parallel_off",
 ]
 
 WEATHER = {
@@ -226,7 +228,13 @@ def assert_stays_content(text: str, options: ExtractOptions, calls: int = 0) -> 
     every_split(text, options)
 
 
+def with_parallel_off(text: str, options: ExtractOptions) -> list[Event]:
+    """The events of ``text`` read whole with parallel calls off, once it is asserted that one call was dropped."""
+    events, extractor = extract(text, replace(options, parallel=False))
+    assert extractor.dropped == 1
+    return events
+
+
 def assert_parallel_off_keeps_the_first(text: str, calls: str) -> None:
     """With parallel calls off, the first of the rendered two calls of format ``calls`` stands; one is dropped."""
-    events, extractor = extract(text, ExtractOptions(calls=calls, tools=TOOLS, parallel=False))
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    assert calls_of(with_parallel_off(text, ExtractOptions(calls=calls, tools=TOOLS))) == CALLS[:1]
