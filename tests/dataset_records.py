@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from tests.support.conversations import anthropic_calls, assistant_calls, function_call, tool_result, tool_use
+
 Pairs = Sequence[tuple[Any, str]]
 
 TOOLS = [
@@ -31,19 +33,10 @@ def chat(calls: Pairs, results: Pairs, question: str = "Look up A and B.") -> di
     return {
         "messages": [
             {"role": "user", "content": question},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": "lookup", "arguments": orjson.dumps({"key": key}).decode()},
-                    }
-                    for call_id, key in calls
-                ],
-            },
-            *({"role": "tool", "tool_call_id": call_id, "content": output} for call_id, output in results),
+            assistant_calls(
+                *(function_call(call_id, "lookup", orjson.dumps({"key": key}).decode()) for call_id, key in calls)
+            ),
+            *(tool_result(call_id, output) for call_id, output in results),
             {"role": "assistant", "content": "Done."},
         ],
         "tools": TOOLS,
@@ -56,13 +49,7 @@ def anthropic(calls: Pairs, results: Pairs) -> dict[str, Any]:
         "system": "You are a careful agent.",
         "messages": [
             {"role": "user", "content": "Look up the keys."},
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "text", "text": "Looking up."},
-                    *({"type": "tool_use", "id": i, "name": "lookup", "input": {"key": k}} for i, k in calls),
-                ],
-            },
+            anthropic_calls(*(tool_use(i, "lookup", {"key": k}) for i, k in calls), text="Looking up."),
             {
                 "role": "user",
                 "content": [{"type": "tool_result", "tool_use_id": i, "content": out} for i, out in results],

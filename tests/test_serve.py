@@ -36,7 +36,7 @@ from proxy.banner import device_line, serve_banner
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
-from tests.support.conversations import assistant_calls, tool_result, weather_call
+from tests.support.conversations import tool_result, weather_calls
 from tests.support.probes import FakeProbes
 from tests.support.serve import (
     alive,
@@ -150,9 +150,7 @@ async def test_chat_through_serve_non_stream_and_stream(served: Served) -> None:
     assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
 
 
-CALLS = assistant_calls(
-    weather_call("call_paris", "Paris", compact=False), weather_call("call_oslo", "Oslo", compact=False), content=""
-)
+CALLS = weather_calls(compact=False, content="")
 PARIS = tool_result("call_paris", "Paris: 18C and sunny")
 OSLO = tool_result("call_oslo", "Oslo: -3C and snowing")
 ASK = {"role": "user", "content": "What is the weather in Paris and in Oslo?"}
@@ -198,6 +196,16 @@ async def test_the_engine_sees_reversed_results_in_call_order(served: Served, re
     assert reversed_direct != ordered_direct
 
 
+async def long_stream(api: AsyncOpenAI, url: str, max_tokens: int) -> Any:
+    """A streamed story the model cannot end before ``max_tokens`` (:func:`long_bias`), once its first chunk is in:
+    the engine is busy with it from then on."""
+    stream = await api.chat.completions.create(
+        model="any", messages=STORY, temperature=0, max_tokens=max_tokens, logit_bias=await long_bias(url), stream=True
+    )
+    await stream.__anext__()
+    return stream
+
+
 async def stream_text(api: AsyncOpenAI, **kw: Any) -> tuple[str, str | None, int]:
     stream = await api.chat.completions.create(model="any", messages=STORY, temperature=0, stream=True, **kw)
     text, finish, pieces = "", None, 0
@@ -227,12 +235,8 @@ async def test_two_concurrent_streams_both_finish_uncut(served: Served) -> None:
 
 
 async def test_queue_full_gets_429_and_a_client_that_leaves_frees_its_place(served: Served) -> None:
-    bias = await long_bias(served.url)
     async with client(served.url) as api, aiohttp.ClientSession() as session:
-        running = await api.chat.completions.create(
-            model="any", messages=STORY, temperature=0, max_tokens=400, logit_bias=bias, stream=True
-        )
-        await running.__anext__()  # the engine is generating for this one
+        running = await long_stream(api, served.url, 400)  # the engine is generating for this one
         waiting = asyncio.create_task(
             api.chat.completions.create(model="any", messages=STORY, temperature=0, max_tokens=4)
         )
@@ -256,13 +260,9 @@ async def test_queue_full_gets_429_and_a_client_that_leaves_frees_its_place(serv
 
 
 async def test_a_killed_engine_gives_a_clean_error_and_comes_back(served: Served) -> None:
-    bias = await long_bias(served.url)
     engine = served.engine_pid()
     async with client(served.url) as api:
-        stream = await api.chat.completions.create(
-            model="any", messages=STORY, temperature=0, max_tokens=400, logit_bias=bias, stream=True
-        )
-        await stream.__anext__()
+        stream = await long_stream(api, served.url, 400)
         killed = time.monotonic()
         os.kill(engine, signal.SIGKILL)
         # The client is told the engine crashed, and how, not only that the connection broke.
@@ -287,13 +287,9 @@ async def test_a_killed_engine_gives_a_clean_error_and_comes_back(served: Served
 
 
 async def test_shutdown_lets_the_running_stream_finish_and_leaves_no_engine(served: Served) -> None:
-    bias = await long_bias(served.url)
     engine = served.engine_pid()
     async with client(served.url) as api:
-        stream = await api.chat.completions.create(
-            model="any", messages=STORY, temperature=0, max_tokens=24, logit_bias=bias, stream=True
-        )
-        await stream.__anext__()
+        stream = await long_stream(api, served.url, 24)
         served.process.send_signal(signal.SIGTERM)
         finish = None
         async for chunk in stream:

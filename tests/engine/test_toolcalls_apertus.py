@@ -5,37 +5,27 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
-    TOOLS,
-    assert_read_back,
-    assert_stays_content,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
 NAME = "Apertus-8B-Instruct"
-APERTUS = ExtractOptions(calls="apertus", tools=TOOLS)
+APERTUS = ExtractOptions(calls="apertus", tools=replies.TOOLS)
 END = "<|tools_suffix|>"
 
 
 def test_the_template_is_detected() -> None:
-    assert detect_tool_call_format(template_text(NAME)) == "apertus"
+    assert detect_tool_call_format(replies.template_text(NAME)) == "apertus"
 
 
 @pytest.mark.parametrize("calls", ["apertus", "auto"])
 def test_the_templates_own_parallel_calls_are_read_back(calls: str) -> None:
-    text = rendered_reply(NAME, END)
+    text = replies.rendered_reply(NAME, END)
     assert '[{"get_weather": {"city": "Paris"' in text  # the name is the key
-    assert_read_back(text, ExtractOptions(calls=calls, tools=TOOLS))
+    replies.assert_read_back(text, ExtractOptions(calls=calls, tools=replies.TOOLS))
 
 
 def test_a_name_that_is_also_an_argument_key_stays_the_name() -> None:
-    events, _ = extract('<|tools_prefix|>[{"name": {"name": "x"}}]<|tools_suffix|> Done.', APERTUS)
-    assert calls_of(events) == [("name", {"name": "x"})] and content_of(events) == "Done."
+    text = '<|tools_prefix|>[{"name": {"name": "x"}}]<|tools_suffix|> Done.'
+    assert replies.calls_and_content(text, APERTUS) == ([("name", {"name": "x"})], "Done.")
 
 
 @pytest.mark.parametrize(
@@ -50,10 +40,8 @@ def test_a_name_that_is_also_an_argument_key_stays_the_name() -> None:
     ],
 )
 def test_malformed_calls_stay_content(bad: str) -> None:
-    assert_stays_content("Sure. " + bad, APERTUS)
+    replies.assert_stays_content("Sure. " + bad, APERTUS)
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="apertus", tools=TOOLS, parallel=False)
-    events, extractor = extract(rendered_reply(NAME, END), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    replies.assert_parallel_off_keeps_the_first(replies.rendered_reply(NAME, END), "apertus")

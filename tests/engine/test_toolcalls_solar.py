@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.engine.toolcalls import Content, ExtractOptions, ToolCall, detect_tool_call_format
-from tests.support.template_replies import every_split, extract, rendered_reply, template_text
+from tests.support.template_replies import every_split, extract, reply_after_prompt, template_text, with_parallel_off
 
 SOLAR = "upstage-Solar-Open-100B"
 PARIS = ToolCall(0, "id-0", "get_weather", '{"city":"Paris"}')
@@ -13,37 +13,35 @@ OPTIONS = ExtractOptions(calls="solar-open")
 
 def solar_reply() -> str:
     """Everything after the generation prompt's ``<|begin|>assistant``, with the closing ``<|calls|>``."""
-    return rendered_reply(SOLAR, "<|calls|>") + "<|calls|>"
+    return reply_after_prompt(SOLAR, "<|calls|>") + "<|calls|>"
 
 
 def test_parallel_calls_as_its_template_renders_them_at_every_split() -> None:
     text = solar_reply()
     assert text.count("<|tool_call:begin|>") == 2
-    events, extractor = every_split(OPTIONS, text)
+    events, extractor = every_split(text, OPTIONS)
     assert events == [PARIS, TOKYO]
     assert extractor.malformed == 0
 
 
 def test_the_reply_may_end_before_the_section_closes() -> None:
-    events, _ = every_split(OPTIONS, solar_reply().removesuffix("<|calls|>"))
+    events, _ = every_split(solar_reply().removesuffix("<|calls|>"), OPTIONS)
     assert events == [PARIS, TOKYO]  # <|calls|> ends generation: the engine may never show it
 
 
 def test_auto_reads_it_and_the_models_own_ids_are_replaced() -> None:
-    events, _ = extract(ExtractOptions(calls="auto"), [solar_reply() + solar_reply()])
+    events, _ = extract(solar_reply() + solar_reply(), ExtractOptions(calls="auto"))
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert [c.id for c in calls] == ["id-0", "id-1", "id-2", "id-3"]
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(ExtractOptions(calls="solar-open", parallel=False), [solar_reply()])
-    assert events == [PARIS]
-    assert extractor.dropped == 1
+    assert with_parallel_off(solar_reply(), ExtractOptions(calls="solar-open")) == [PARIS]
 
 
 def test_malformed_arguments_stay_content_and_are_counted() -> None:
     text = solar_reply().replace('{"city": "Paris"}', '{"city": "Paris"')
-    events, extractor = every_split(OPTIONS, text)
+    events, extractor = every_split(text, OPTIONS)
     assert [e for e in events if isinstance(e, ToolCall)] == []
     assert "".join(e.text for e in events if isinstance(e, Content)) == text
     assert extractor.malformed == 1
@@ -53,7 +51,7 @@ def test_a_call_cut_off_stays_content_after_the_calls_before_it() -> None:
     text = solar_reply()
     second = text.index("<|tool_call:begin|>", text.index("<|tool_call:end|>"))
     cut = second + 30
-    events, extractor = every_split(OPTIONS, text[:cut])
+    events, extractor = every_split(text[:cut], OPTIONS)
     assert events == [PARIS, Content(text[second:cut])]
     assert extractor.malformed == 1
 

@@ -20,6 +20,7 @@ from proxy.engine.client import prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, estimate_tokens
 from tests.mock_engine import MockEngine, Received
 from tests.real_engine import TEMPLATE
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -44,13 +45,7 @@ def proxy(make_proxy: MakeProxy) -> MakeProxy:
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages", **kw: Any) -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data, **kw) as response:
-        raw = await response.read()
-        try:
-            return response.status, orjson.loads(raw), response.headers
-        except orjson.JSONDecodeError:
-            return response.status, raw, response.headers
+    return await send_and_read(url, body, path, **kw)
 
 
 CLIENT_HEADERS = {
