@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format, template_reasoning
+from engine_launcher.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
+from proxy.engine.toolcalls import (
+    CONTENT_WRAPPERS,
+    Content,
+    ExtractOptions,
+    Reasoning,
+    detect_tool_call_format,
+    template_reasoning,
+)
 from tests.engine.template_replies import (
     CALLS,
     TOOLS,
@@ -90,3 +98,39 @@ def test_parallel_off_keeps_the_first() -> None:
     options = ExtractOptions(calls="cohere", tools=TOOLS, parallel=False)
     events, extractor = extract(turn(NAMES[1]), options)
     assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+
+
+@pytest.mark.parametrize("tools", [TOOLS, {}])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_plain_answer_is_clean_content(name: str, tools: dict[str, object]) -> None:
+    written = written_answer(template_from_file_text(template_text(name), name))
+    assert written is not None
+    answer, closing = written
+    text = answer + closing[: closing.index("<|END_OF_TURN_TOKEN|>")]  # where the engine stops
+    assert "<|START_" in text and "<|END_" in text
+    form = template_reasoning(template_text(name))
+    assert form is not None
+    options = ExtractOptions(
+        calls="cohere" if tools else None,
+        tools=tools,
+        wrappers=CONTENT_WRAPPERS["cohere"],
+        reasoning=True,
+        think_open=form.opens_in_prompt,
+        think_markers=(form.open, form.close),
+    )
+    events, extractor = extract(text, options)
+    assert content_of(events) == WRITTEN_ANSWER and extractor.malformed == 0
+    assert_every_split_agrees(text, options)
+
+
+def test_reasoning_then_an_answer_in_its_tokens() -> None:
+    text = "Easy.<|END_THINKING|><|START_TEXT|>It is sunny.\n<|END_TEXT|>"
+    options = ExtractOptions(
+        wrappers=CONTENT_WRAPPERS["cohere"],
+        reasoning=True,
+        think_open=True,
+        think_markers=("<|START_THINKING|>", "<|END_THINKING|>"),
+    )
+    events, _ = extract(text, options)
+    assert events == [Reasoning("Easy."), Content("It is sunny.")]
+    assert_every_split_agrees(text, options)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from proxy.engine.toolcalls import Content, ExtractOptions, ToolCall, detect_tool_call_format
+import pytest
+
+from engine_launcher.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
+from proxy.engine.toolcalls import CONTENT_WRAPPERS, Content, ExtractOptions, ToolCall, detect_tool_call_format
 from tests.support.template_replies import every_split, extract, rendered_reply, template_text
 
 SOLAR = "upstage-Solar-Open-100B"
@@ -60,3 +63,26 @@ def test_a_call_cut_off_stays_content_after_the_calls_before_it() -> None:
 
 def test_format_detected_from_the_real_template() -> None:
     assert detect_tool_call_format(template_text(SOLAR)) == "solar-open"
+
+
+@pytest.mark.parametrize("tools", [{"get_weather": {}}, {}])
+@pytest.mark.parametrize("end", ["", "<|end|>"])
+def test_a_plain_answer_is_clean_content(tools: dict[str, object], end: str) -> None:
+    written = written_answer(template_from_file_text(template_text(SOLAR), SOLAR))
+    assert written is not None
+    answer, closing = written
+    assert answer.startswith("<|content|>") and closing.startswith("<|end|>")
+    text = answer + end  # the engine may stop before the message's <|end|> or show it
+    options = ExtractOptions(
+        calls="solar-open" if tools else None, tools=tools, wrappers=CONTENT_WRAPPERS["solar-open"]
+    )
+    events, extractor = every_split(options, text)
+    assert events == [Content(WRITTEN_ANSWER)]
+    assert extractor.malformed == 0
+
+
+def test_content_then_calls_each_a_message_of_its_own() -> None:
+    text = "<|content|>Checking.<|end|><|begin|>assistant" + solar_reply()
+    options = ExtractOptions(calls="solar-open", tools={"get_weather": {}}, wrappers=CONTENT_WRAPPERS["solar-open"])
+    events, _ = every_split(options, text)
+    assert events == [Content("Checking."), PARIS, TOKYO]

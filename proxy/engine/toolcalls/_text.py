@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.engine.toolcalls._apertus import APERTUS, APERTUS_OPEN
-from proxy.engine.toolcalls._cohere import COHERE, COHERE_OPEN
+from proxy.engine.toolcalls._cohere import COHERE, COHERE_OPEN, COHERE_WRAPPERS
 from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
 from proxy.engine.toolcalls._dsml import DSML, DSML_OPENERS
 from proxy.engine.toolcalls._events import (
@@ -62,7 +62,7 @@ from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
 from proxy.engine.toolcalls._seed import SEED_CLOSE, SEED_OPEN
-from proxy.engine.toolcalls._solar import SOLAR, SOLAR_SECTION
+from proxy.engine.toolcalls._solar import SOLAR, SOLAR_SECTION, SOLAR_WRAPPERS
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
@@ -148,8 +148,15 @@ OPENED_BY_PROMPT = frozenset({"functionary-v3.2"})
 after the generation prompt's ``>>>``): the reply is read as that block from its first character, and
 with no tools too, since its plain answer is a block as well (``all\n...``)."""
 
+CALLS_IN_REASONING = frozenset({"apertus"})
+"""Formats whose model calls tools inside its reasoning, and reasons on after them: Apertus writes its
+calls within its ``<|inner_prefix|>`` thoughts. Elsewhere a call marker in reasoning is reasoning
+(a model may think aloud about the syntax)."""
+
 CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {
     "kimi-k3": KIMI_K3_WRAPPERS,
+    "cohere": COHERE_WRAPPERS,
+    "solar-open": SOLAR_WRAPPERS,
 }
 """Tokens a format writes around its answer that are not part of it: dropped from content, with
 the whitespace before them, whether tools were sent or not (:attr:`ExtractOptions.wrappers`)."""
@@ -227,6 +234,8 @@ class TextExtractor:
         """The characters a marker starts with: a piece with none of them holds no call (:meth:`feed`)."""
         self._bare = _BARE_OPENERS.get(options.calls or "") if options.tools else None
         self._opened = options.calls in OPENED_BY_PROMPT
+        self._reasoning_calls = options.calls in CALLS_IN_REASONING
+        self._after_call = "content"  # the phase a call block returns to
         if not options.reasoning:
             self._phase = "content"
         else:
@@ -276,6 +285,7 @@ class TextExtractor:
             and not self._buffer
             and text
             and self._think_close[0] not in text
+            and not (self._reasoning_calls and not self._marker_starts.isdisjoint(text))
         ):
             return [Reasoning(text)]
         self._buffer += text
@@ -359,18 +369,40 @@ class TextExtractor:
         if not self._trimmed():
             return False
         end = self._buffer.find(self._think_close)
+        if self._reasoning_calls and self._call_in_reasoning(out, end):
+            return True
         if end >= 0:
             if end:
                 out.append(Reasoning(self._buffer[:end]))
             self._buffer = self._buffer[end + len(self._think_close) :]
             self._phase, self._trim = "content", True
             return True
-        keep = 0 if final else held_suffix(self._buffer, (self._think_close,))
+        held = (self._think_close, *self._markers) if self._reasoning_calls else (self._think_close,)
+        keep = 0 if final else held_suffix(self._buffer, held)
         cut = len(self._buffer) - keep
         if cut:
             out.append(Reasoning(self._buffer[:cut]))
             self._buffer = self._buffer[cut:]
         return False
+
+    def _call_in_reasoning(self, out: list[Event], end: int) -> bool:
+        """A call's start marker before the reasoning's close (``end``, -1 when none yet): read the call, and
+        then the reasoning again (:data:`CALLS_IN_REASONING`)."""
+        buffer = self._buffer
+        limit = end if end >= 0 else len(buffer)
+        found = min(((i, m) for m in self._markers if (i := buffer.find(m, 0, limit)) >= 0), default=None)
+        if found is None:
+            return False
+        index, marker = found
+        before = buffer[:index]
+        text = before.rstrip()
+        if text:
+            out.append(Reasoning(text))
+        self._marker = before[len(text) :] + marker
+        self._buffer = buffer[index + len(marker) :]
+        self._begin(self._parser_for(marker))
+        self._after_call = "reasoning"
+        return True
 
     def _content(self, out: list[Event], final: bool) -> bool:
         if not self._trimmed():
@@ -484,11 +516,12 @@ class TextExtractor:
             if step.consumed == 0 and self._block_calls == 0:
                 literal = self._marker + self._buffer[: step.literal]
                 if literal:
-                    out.append(Content(literal))
+                    out.append(Reasoning(literal) if self._after_call == "reasoning" else Content(literal))
                 self._buffer = self._buffer[step.literal :]
             else:
                 self._buffer = self._buffer[step.consumed :]
-        self._parser, self._phase, self._marker = None, "content", ""
+        self._parser, self._phase, self._marker = None, self._after_call, ""
+        self._after_call = "content"
         return True
 
     def _emit(self, call: ParsedCall, out: list[Event]) -> None:
