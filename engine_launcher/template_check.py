@@ -289,6 +289,7 @@ REASONING_MARKERS: tuple[tuple[str, str], ...] = (
     ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
     ("<|START_THINKING|>", "<|END_THINKING|>"),
     ("<|inner_prefix|>", "<|inner_suffix|>"),
+    ("<|think|>", "<|end|>"),
     ("<think>", "</think>"),
 )
 """Every reasoning pair toolpair knows, most specific first (``<think>`` is also inside others).

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from engine_launcher.chat_template import render_prompt
 from engine_launcher.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
-from proxy.engine.toolcalls import CONTENT_WRAPPERS, Content, ExtractOptions, ToolCall, detect_tool_call_format
+from proxy.engine.toolcalls import (
+    CONTENT_WRAPPERS,
+    Content,
+    ExtractOptions,
+    Reasoning,
+    ToolCall,
+    detect_tool_call_format,
+    template_reasoning,
+)
 from tests.support.template_replies import every_split, extract, rendered_reply, template_text
 
 SOLAR = "upstage-Solar-Open-100B"
@@ -86,3 +97,42 @@ def test_content_then_calls_each_a_message_of_its_own() -> None:
     options = ExtractOptions(calls="solar-open", tools={"get_weather": {}}, wrappers=CONTENT_WRAPPERS["solar-open"])
     events, _ = every_split(options, text)
     assert events == [Content("Checking."), PARIS, TOKYO]
+
+
+def solar_reasoning_turn(**turn: Any) -> str:
+    """A turn with reasoning as Solar Open's template renders it, after the prompt's ``<|begin|>assistant``."""
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "reasoning": "Two cities.", **turn}]
+    text = render_prompt(template_text(SOLAR), messages, bos_token="", eos_token="", add_generation_prompt=False)
+    return text[text.rindex("<|begin|>assistant<|think|>") + len("<|begin|>assistant") :]
+
+
+def solar_thinking(tools: dict[str, Any]) -> ExtractOptions:
+    form = template_reasoning(template_text(SOLAR))
+    assert form is not None and (form.open, form.close, form.opens_in_prompt) == ("<|think|>", "<|end|>", False)
+    return ExtractOptions(
+        calls="solar-open" if tools else None,
+        tools=tools,
+        wrappers=CONTENT_WRAPPERS["solar-open"],
+        reasoning=True,
+        think_markers=(form.open, form.close),
+    )
+
+
+@pytest.mark.parametrize("tools", [{"get_weather": {}}, {}])
+def test_reasoning_then_the_answer_in_a_message_of_its_own(tools: dict[str, Any]) -> None:
+    text = solar_reasoning_turn(content="Sunny.")
+    assert text == "<|think|>Two cities.<|end|><|begin|>assistant<|content|>Sunny.<|end|>"
+    events, _ = every_split(solar_thinking(tools), text)
+    assert events == [Reasoning("Two cities."), Content("Sunny.")]
+
+
+def test_reasoning_then_calls() -> None:
+    calls = [
+        {"id": "Kq7Zt3Wm9", "type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+        for city in ("Paris", "Tokyo")
+    ]
+    text = solar_reasoning_turn(content="", tool_calls=calls)
+    assert text.startswith("<|think|>Two cities.<|end|><|begin|>assistant<|tool_calls|>")
+    events, extractor = every_split(solar_thinking({"get_weather": {}}), text)
+    assert events == [Reasoning("Two cities."), PARIS, TOKYO]
+    assert extractor.malformed == 0

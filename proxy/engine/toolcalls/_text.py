@@ -14,6 +14,8 @@ What is held back, and only until it is decided:
 - with ``mistral`` named, a reply that opens with ``[``, and with ``llama3`` or
   ``auto``, one that opens with ``{``, until that JSON closes: it may be a call
   whose marker the engine dropped;
+- with ``functionary-v3.2``, the reply's first line, until it says whose segment
+  the reply opens with (:data:`OPENED_BY_PROMPT`);
 - once a marker has come, the call's text until the call is complete and
   well formed. Then it goes out as one :class:`ToolCall`; malformed or cut-off
   call text goes out as content, and is counted in ``malformed``.
