@@ -158,3 +158,11 @@ def test_a_call_cut_off_stays_content_after_the_calls_before_it() -> None:
     assert events[-1] == Content(text[second:cut])
     assert extractor.malformed == 1
     assert_every_split_agrees(text[:cut], OPTIONS)
+
+
+def test_auto_drops_the_response_sections_tokens_too() -> None:
+    text = "<|open|>response<|sep|>Sunny.<|close|>response<|sep|>" + turn()
+    options = ExtractOptions(calls="auto", tools=TOOLS, wrappers=CONTENT_WRAPPERS["auto"])
+    events, _ = extract(text, options)
+    assert content_of(events) == "Sunny." + CONTENT and calls_of(events) == CALLS
+    assert_every_split_agrees(text, options)

@@ -159,9 +159,11 @@ CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {
     "kimi-k3": KIMI_K3_WRAPPERS,
     "cohere": COHERE_WRAPPERS,
     "solar-open": SOLAR_WRAPPERS,
+    "auto": (*KIMI_K3_WRAPPERS, *COHERE_WRAPPERS, *SOLAR_WRAPPERS),
 }
 """Tokens a format writes around its answer that are not part of it: dropped from content, with
-the whitespace before them, whether tools were sent or not (:attr:`ExtractOptions.wrappers`)."""
+the whitespace before them, whether tools were sent or not (:attr:`ExtractOptions.wrappers`).
+Each is a special token of its family, never text a model means, so ``auto`` drops them all."""
 
 _BARE_OPENERS = {"mistral": "[", "llama3": "{", "auto": "{"}
 """Formats whose call may come with no marker, when tools were sent: the JSON opener it starts with.
