@@ -72,7 +72,7 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
         shown = show_bodies(log_bodies)
         counted = request.path not in _READ_ONLY
         if counted:
-            metrics.in_flight.inc()
+            metrics.in_flight += 1
         status = 500
         try:
             response = await handler(request)
@@ -91,7 +91,7 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
             route = route_label(request)
             usage = trace.usage()
             if counted:
-                metrics.in_flight.dec()
+                metrics.in_flight -= 1
                 metrics.record(trace, route, status, duration, usage)
             _log_access(request, trace, route, status, duration, usage)
 
