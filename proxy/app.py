@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -68,11 +68,17 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 def _engine_gate(watch: EngineWatch, paths: frozenset[str]) -> Middleware:
     """API requests wait for the engine to be found: until it answers, a 503 in the API's shape says so."""
 
-    @web.middleware
-    async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "POST" and request.path in paths:
-            await watch.known(request.app[UPSTREAM])
+    async def wait_then(request: web.Request, handler: Handler) -> web.StreamResponse:
+        await watch.known(request.app[UPSTREAM])
         return await handler(request)
+
+    @web.middleware
+    def gate(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+        # A plain function, not a coroutine: once the engine is known it hands back the handler's own
+        # coroutine, so the gate is no frame in the chain that every await of the request passes through.
+        if watch.ready_now() or request.method != "POST" or request.path not in paths:
+            return handler(request)
+        return wait_then(request, handler)
 
     return gate
 
