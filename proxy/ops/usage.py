@@ -130,17 +130,14 @@ class UsageScanner:
         self._seen = 0
 
     def feed(self, chunk: bytes) -> None:
-        if not self._seen:
+        if self._only is not None:  # a second chunk: from here on, the copied windows
+            only, self._only = self._only, None
+            self._head += only[: self._window]
+            self._tail += only
+        elif not self._seen:
             self._seen = len(chunk)
             self._only = chunk
             return
-        if self._only is not None:
-            only, self._only = self._only, None
-            self._seen = 0
-            self._add(only)
-        self._add(chunk)
-
-    def _add(self, chunk: bytes) -> None:
         self._seen += len(chunk)
         if len(self._head) < self._window:
             self._head += chunk[: self._window - len(self._head)]
