@@ -10,7 +10,6 @@ end with ``[DONE]``, and an error body that is not JSON becomes an error in the 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -139,21 +138,31 @@ def _check_completion(body: bytes, status: int, source: str) -> bytes:
     return body
 
 
-_PLAIN_CHUNKS = re.compile(rb'(?:data: \{(?=[^\r\n]*"(?:choices|error)")[^\r\n]*\n\n)*')
-"""Frames that are each one ``data: {...}`` line holding ``"choices"`` or ``"error"``, with no CR anywhere."""
+_DATA_OBJECT = b"data: {"
 
 
 def _plain_chunks(frames: bytes) -> bool:
     """Whether every frame is one ``data: {...}`` line holding ``"choices"`` or ``"error"``: no cut, no copy.
 
-    One regular expression over the whole slice, in C, instead of a step per frame. Without CR and
-    with no LF inside a frame, each frame ends at its first LF, which an LF follows, exactly where
-    :class:`~proxy.sse.FrameSplitter` cuts it.
+    Without CR and with no LF inside a frame, each frame ends at its first LF, which an LF follows,
+    exactly where :class:`~proxy.sse.FrameSplitter` cuts it.
 
     >>> _plain_chunks(b'data: {"choices":[]}\\n\\ndata: {"error":{}}\\n\\n'), _plain_chunks(b"data: [DONE]\\n\\n")
     (True, False)
     """
-    return _PLAIN_CHUNKS.fullmatch(frames) is not None
+    if b"\r" in frames:
+        return False
+    start, size = 0, len(frames)
+    while start < size:
+        if not frames.startswith(_DATA_OBJECT, start):
+            return False
+        end = frames.find(b"\n", start)
+        if end < 0 or not frames.startswith(b"\n\n", end):
+            return False
+        if frames.find(b'"choices"', start, end) < 0 and frames.find(b'"error"', start, end) < 0:
+            return False
+        start = end + 2
+    return True
 
 
 class _CompletionFrames:
