@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, NoReturn
@@ -47,6 +48,11 @@ from proxy._types import JSON
 from proxy.normalize.walk import clean_anthropic_runs, clean_chat_runs, clean_responses_runs
 from proxy.order import NO_RUNS, OrderReport, order_anthropic_results, order_chat_results, order_responses_items
 
+try:
+    from proxy.normalize._scan import scan as _scan_line
+except ImportError:  # built without a C compiler: every line is parsed in Python
+    _scan_line = None  # type: ignore[assignment]
+
 __all__ = [
     "ID_MARKERS",
     "LineKind",
@@ -55,6 +61,7 @@ __all__ = [
     "normalize_line",
     "normalize_marked_line",
     "may_hold_results",
+    "native_scan",
     "order_parsed",
     "order_record",
     "quick_marked_line",
@@ -72,6 +79,14 @@ ANTHROPIC_SHAPE = b"tool_result"  # a line without it has no Anthropic run
 RESPONSES_SHAPE = b"call_output"  # nor without it a Responses one (function_call_output, custom_tool_call_output)
 
 _NO_RUNS = NO_RUNS
+
+native_scan: Callable[[bytes], tuple[bytes, int, int] | None] | None = _scan_line
+"""``quick_marked_line`` decided on the line's bytes, in C (``_scan.c``): None where it was not built.
+
+It answers (the very line, or the line with whole result objects moved; runs
+reordered; runs in order) only where its answer is the one the Python path
+gives, and None for every other line, which then takes the Python path.
+"""
 # orjson reads integers outside int64/uint64 as floats, losing digits: positive
 # ones of 20 digits, negative ones from 19 (-9223372036854775809). A changed line
 # with a run of 19 digits (even inside a string) is re-read exactly instead.

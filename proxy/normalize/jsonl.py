@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from proxy.normalize.core import (
     NormalizeTally,
     may_hold_results,
+    native_scan,
     normalize_line,
     normalize_marked_line,
     quick_marked_line,
@@ -96,29 +97,38 @@ def block_edits(block: bytes, first_line: int = 1, *, validate: bool = False) ->
             start += len(line) + 1
         return edits, tally
     # The same as the loop above, with the unparsed lines only counted and the
-    # common parsed line (``quick_marked_line``) counted here, without a result
-    # object or a call per count. Every marker holds "_" and every escape a
-    # backslash: one memchr each rules most plain turns out before the substring
-    # searches.
+    # common line (``native_scan``, else ``quick_marked_line``) counted here,
+    # without a result object or a call per count. Every marker holds "_" and
+    # every escape a backslash: one memchr each rules most plain turns out. The
+    # native scan goes first: it answers a line without markers only as valid
+    # JSON without runs, which counts as the unparsed line would.
     unparsed = blank = parsed = changed = reordered = in_order = 0
     changed_lines = tally.changed_lines
     room = tally.max_line_numbers
+    scan = native_scan
     for number, line in enumerate(lines, first_line):
-        if (b"_" in line or b"\\" in line) and may_hold_results(line):
-            quick = quick_marked_line(line)
-            if quick is None:
-                fresh, result = normalize_marked_line(line)
-                add(number, result)
-            else:
-                fresh, moved, kept_order = quick
-                parsed += 1
-                reordered += moved
-                in_order += kept_order
-                if fresh is not line:
-                    changed += 1
-                    if len(changed_lines) < room:
-                        changed_lines.append(number)
+        quick = None
+        if b"_" in line or b"\\" in line:
+            if scan is not None:
+                quick = scan(line)
+            if quick is None and may_hold_results(line):
+                quick = quick_marked_line(line)
+                if quick is None:
+                    fresh, result = normalize_marked_line(line)
+                    add(number, result)
+                    if fresh is not line:
+                        edits.append((start, start + len(line), fresh))
+                    start += len(line) + 1
+                    continue
+        if quick is not None:
+            fresh, moved, kept_order = quick
+            parsed += 1
+            reordered += moved
+            in_order += kept_order
             if fresh is not line:
+                changed += 1
+                if len(changed_lines) < room:
+                    changed_lines.append(number)
                 edits.append((start, start + len(line), fresh))
         elif not line or line.isspace():
             blank += 1
