@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.normalize import jsonl
 from proxy.normalize.core import LineKind, native_scan, normalize_marked_line
 from tests.dataset_records import FORMS
 from tests.test_normalize_core import _escape_letters
@@ -160,7 +161,7 @@ def test_every_line_it_answers_is_answered_as_the_python_path_does(data: st.Data
 @given(st.data())
 def test_damaged_bytes_are_declined_or_answered_as_the_python_path_does(data: st.DataObject) -> None:
     record = data.draw(_records(data.draw(_tricky)))
-    line = orjson.dumps(record) if data.draw(st.booleans()) else json.dumps(record).encode()
+    line = data.draw(st.sampled_from(_writings(record)))
     for _ in range(data.draw(st.integers(1, 3))):
         where = data.draw(st.integers(0, len(line)))
         action = data.draw(st.sampled_from(["cut", "insert", "replace", "delete", "repeat"]))
@@ -195,3 +196,52 @@ def test_values_orjson_writes_differently_only_stop_a_rewrite(text: str) -> None
         canonical = orjson.dumps(orjson.loads(line)) == line
         if record is kept or (canonical and "." not in text):  # a float: the Python path writes the line
             assert answered, line
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.lists(st.integers(0, 6), min_size=1, max_size=12), st.booleans(), st.integers(1, 5000))
+def test_a_block_through_the_native_scan_equals_the_block_in_python(
+    data: st.DataObject, kinds: list[int], final_newline: bool, first_line: int
+) -> None:
+    """Lines it answers, lines it leaves to Python, blank and bad ones: merged back in line order."""
+    lines = []
+    for kind in kinds:
+        if kind <= 2:
+            lines.append(data.draw(st.sampled_from(_writings(data.draw(_records(data.draw(_tricky)))))))
+        elif kind == 3:
+            lines.append(data.draw(st.sampled_from([b"", b"  ", b"\t\r", b"\x0b\x0c"])))
+        elif kind == 4:
+            lines.append(data.draw(st.sampled_from([b"{oops call_id", b"not json", b"[1]", b"tool_use_id}", b"a_b"])))
+        elif kind == 5:  # a CRLF line, or one with a BOM
+            record = data.draw(_records(data.draw(_tricky)))
+            line = data.draw(st.sampled_from(_writings(record)))
+            lines.append(line + b"\r" if data.draw(st.booleans()) else b"\xef\xbb\xbf" + line)
+        else:
+            lines.append(json.dumps({"conversations": [{"from": "human", "value": data.draw(_tricky)}]}).encode())
+    block = b"\n".join(line.replace(b"\n", b" ") for line in lines) + (b"\n" if final_newline else b"")
+    native = jsonl.block_edits(block, first_line)
+    saved = jsonl.native_scan_block
+    jsonl.native_scan_block = None
+    try:
+        python = jsonl.block_edits(block, first_line)
+    finally:
+        jsonl.native_scan_block = saved
+    assert native[0] == python[0]
+    assert native[1].as_report() == python[1].as_report()
+
+
+def test_line_numbers_kept_are_the_first_thousand_across_both_paths() -> None:
+    moved = orjson.dumps(FORMS["chat"](CALLS[:2], [("call_b", "1"), ("call_a", "2")]))
+    lines = [moved + b"\r" if i % 7 == 3 else moved for i in range(2500)]  # a CR line is left to Python
+    block = b"\n".join(lines)
+    native = jsonl.block_edits(block, 11)
+    saved = jsonl.native_scan_block
+    jsonl.native_scan_block = None
+    try:
+        python = jsonl.block_edits(block, 11)
+    finally:
+        jsonl.native_scan_block = saved
+    assert native[0] == python[0]
+    report = native[1].as_report()
+    assert report == python[1].as_report()
+    assert report["records_changed"] == 2500 and report["changed_line_numbers"] == list(range(11, 1011))

@@ -1,6 +1,14 @@
 /* One JSONL line in, the ordering rules decided on its bytes: the native fast path of `toolpair normalize`.
  *
  * scan(line) -> None, or (out, reordered, in_order)
+ * scan_block(block) -> (edits, answered, reordered, in_order, blank, unparsed, rest)
+ *
+ * scan_block does for every line of a block of whole lines (split at "\n", the
+ * empty tail after a final one not a line) what the block loop of jsonl.py does:
+ * a line without "_" and without a backslash is counted blank or unparsed, as
+ * it is not read; any other line is scanned. It returns the moved lines as
+ * (start, end, out, index), counts for every line it answered, and as `rest`
+ * (start, end, index) the lines it did not answer, for the Python path.
  *
  * The line is read once, as JSON, by a strict reader: it answers only for a
  * line that orjson reads as it is written here, and whose runs are all clean
@@ -833,64 +841,153 @@ static int edit_order(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+enum { LINE_ERROR = -2, LINE_DECLINED = -1, LINE_KEPT = 0, LINE_MOVED = 1 };
+
+/* The rules on the n bytes at p. LINE_MOVED sets *out to the new line (a new reference);
+ * LINE_ERROR is a Python error (out of memory). */
+static int scan_span(const unsigned char *p, Py_ssize_t n, int *reordered, int *in_order, PyObject **out) {
+    Reader *r = &reader;
+    r->p = p;
+    r->n = n;
+    r->i = 0;
+    r->depth = 0;
+    r->noncanonical = 0;
+    r->nelems = r->nsubs = r->nedits = 0;
+    *reordered = *in_order = 0;
+    int messages_first, messages_count, input_first, input_count;
+    if (read_record(r, &messages_first, &messages_count, &input_first, &input_count) < 0)
+        return LINE_DECLINED;
+    if (messages_first >= 0) {
+        if (chat_rules(r, messages_first, messages_count, reordered, in_order) < 0 ||
+            anthropic_rules(r, messages_first, messages_count, reordered, in_order) < 0)
+            return LINE_DECLINED;
+    }
+    if (input_first >= 0 && responses_rules(r, input_first, input_count, reordered, in_order) < 0)
+        return LINE_DECLINED;
+    if (!*reordered)
+        return LINE_KEPT;
+    if (r->noncanonical)
+        return LINE_DECLINED; /* orjson.dumps would write more than the moved spans */
+    qsort(r->edits, (size_t)r->nedits, sizeof(Edit), edit_order);
+    /* Moved spans change places within their runs, so the line keeps its length. */
+    Py_ssize_t pos = 0, written = 0;
+    for (int k = 0; k < r->nedits; k++) {
+        Edit *edit = &r->edits[k];
+        if (edit->target.s < pos)
+            return LINE_DECLINED;
+        written += edit->target.s - pos + (edit->source.e - edit->source.s);
+        pos = edit->target.e;
+    }
+    if (written + (n - pos) != n)
+        return LINE_DECLINED;
+    PyObject *fresh = PyBytes_FromStringAndSize(NULL, n);
+    if (fresh == NULL)
+        return LINE_ERROR;
+    char *dst = PyBytes_AS_STRING(fresh);
+    pos = written = 0;
+    for (int k = 0; k < r->nedits; k++) {
+        Edit *edit = &r->edits[k];
+        Py_ssize_t keep = edit->target.s - pos, len = edit->source.e - edit->source.s;
+        memcpy(dst + written, p + pos, (size_t)keep);
+        written += keep;
+        memcpy(dst + written, p + edit->source.s, (size_t)len);
+        written += len;
+        pos = edit->target.e;
+    }
+    memcpy(dst + written, p + pos, (size_t)(n - pos));
+    *out = fresh;
+    return LINE_MOVED;
+}
+
 static PyObject *scan(PyObject *Py_UNUSED(module), PyObject *line) {
     if (!PyBytes_Check(line)) {
         PyErr_SetString(PyExc_TypeError, "scan() takes bytes");
         return NULL;
     }
-    Reader *r = &reader;
-    r->p = (const unsigned char *)PyBytes_AS_STRING(line);
-    r->n = PyBytes_GET_SIZE(line);
-    r->i = 0;
-    r->depth = 0;
-    r->noncanonical = 0;
-    r->nelems = r->nsubs = r->nedits = 0;
-    int messages_first, messages_count, input_first, input_count;
-    int reordered = 0, in_order = 0;
-    if (read_record(r, &messages_first, &messages_count, &input_first, &input_count) < 0)
-        Py_RETURN_NONE;
-    if (messages_first >= 0) {
-        if (chat_rules(r, messages_first, messages_count, &reordered, &in_order) < 0 ||
-            anthropic_rules(r, messages_first, messages_count, &reordered, &in_order) < 0)
-            Py_RETURN_NONE;
-    }
-    if (input_first >= 0 && responses_rules(r, input_first, input_count, &reordered, &in_order) < 0)
-        Py_RETURN_NONE;
-    if (!reordered)
-        return Py_BuildValue("(Oii)", line, reordered, in_order);
-    if (r->noncanonical)
-        Py_RETURN_NONE; /* orjson.dumps would write more than the moved spans */
-    qsort(r->edits, (size_t)r->nedits, sizeof(Edit), edit_order);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, r->n);
-    if (out == NULL)
+    int reordered, in_order;
+    PyObject *fresh = NULL;
+    int status = scan_span((const unsigned char *)PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), &reordered,
+                           &in_order, &fresh);
+    if (status == LINE_ERROR)
         return NULL;
-    char *dst = PyBytes_AS_STRING(out);
-    Py_ssize_t pos = 0, written = 0;
-    for (int k = 0; k < r->nedits; k++) {
-        Edit *edit = &r->edits[k];
-        Py_ssize_t keep = edit->target.s - pos, len = edit->source.e - edit->source.s;
-        if (keep < 0 || written + keep + len > r->n) {
-            Py_DECREF(out);
-            Py_RETURN_NONE;
-        }
-        memcpy(dst + written, r->p + pos, (size_t)keep);
-        written += keep;
-        memcpy(dst + written, r->p + edit->source.s, (size_t)len);
-        written += len;
-        pos = edit->target.e;
-    }
-    if (written + (r->n - pos) != r->n) {
-        Py_DECREF(out);
+    if (status == LINE_DECLINED)
         Py_RETURN_NONE;
+    if (status == LINE_KEPT)
+        return Py_BuildValue("(Oii)", line, reordered, in_order);
+    return Py_BuildValue("(Nii)", fresh, reordered, in_order);
+}
+
+/* Whether bytes.isspace() would say so: empty is not, ASCII whitespace only is. */
+static int all_space(const unsigned char *p, Py_ssize_t n) {
+    if (n == 0)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != 0x0b && c != 0x0c)
+            return 0;
     }
-    memcpy(dst + written, r->p + pos, (size_t)(r->n - pos));
-    PyObject *result = Py_BuildValue("(Nii)", out, reordered, in_order);
-    return result;
+    return 1;
+}
+
+static int append_tuple(PyObject *list, PyObject *item) {
+    if (item == NULL)
+        return -1;
+    int status = PyList_Append(list, item);
+    Py_DECREF(item);
+    return status;
+}
+
+static PyObject *scan_block(PyObject *Py_UNUSED(module), PyObject *block) {
+    if (!PyBytes_Check(block)) {
+        PyErr_SetString(PyExc_TypeError, "scan_block() takes bytes");
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(block);
+    Py_ssize_t n = PyBytes_GET_SIZE(block), pos = 0, index = 0;
+    long answered = 0, reordered = 0, in_order = 0, blank = 0, unparsed = 0;
+    PyObject *edits = PyList_New(0), *rest = PyList_New(0);
+    if (edits == NULL || rest == NULL)
+        goto fail;
+    while (pos < n) {
+        const unsigned char *newline = memchr(p + pos, '\n', (size_t)(n - pos));
+        Py_ssize_t end = newline ? newline - p : n, len = end - pos;
+        const unsigned char *line = p + pos;
+        if (memchr(line, '_', (size_t)len) || memchr(line, '\\', (size_t)len)) {
+            int moved, kept;
+            PyObject *fresh = NULL;
+            int status = scan_span(line, len, &moved, &kept, &fresh);
+            if (status == LINE_ERROR)
+                goto fail;
+            if (status == LINE_DECLINED) {
+                if (append_tuple(rest, Py_BuildValue("(nnn)", pos, end, index)) < 0)
+                    goto fail;
+            } else {
+                answered++;
+                reordered += moved;
+                in_order += kept;
+                if (status == LINE_MOVED && append_tuple(edits, Py_BuildValue("(nnNn)", pos, end, fresh, index)) < 0)
+                    goto fail;
+            }
+        } else if (all_space(line, len) || len == 0) {
+            blank++;
+        } else {
+            unparsed++;
+        }
+        pos = end + 1;
+        index++;
+    }
+    return Py_BuildValue("(NlllllN)", edits, answered, reordered, in_order, blank, unparsed, rest);
+fail:
+    Py_XDECREF(edits);
+    Py_XDECREF(rest);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
      "scan(line) -> None or (out, reordered, in_order): the ordering rules on one JSONL line's bytes."},
+    {"scan_block", scan_block, METH_O,
+     "scan_block(block) -> (edits, answered, reordered, in_order, blank, unparsed, rest): every line of a block."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -50,8 +50,9 @@ from proxy.order import NO_RUNS, OrderReport, order_anthropic_results, order_cha
 
 try:
     from proxy.normalize._scan import scan as _scan_line
+    from proxy.normalize._scan import scan_block as _scan_block
 except ImportError:  # built without a C compiler: every line is parsed in Python
-    _scan_line = None  # type: ignore[assignment]
+    _scan_line = _scan_block = None  # type: ignore[assignment]
 
 __all__ = [
     "ID_MARKERS",
@@ -62,6 +63,7 @@ __all__ = [
     "normalize_marked_line",
     "may_hold_results",
     "native_scan",
+    "native_scan_block",
     "order_parsed",
     "order_record",
     "quick_marked_line",
@@ -86,6 +88,17 @@ native_scan: Callable[[bytes], tuple[bytes, int, int] | None] | None = _scan_lin
 It answers (the very line, or the line with whole result objects moved; runs
 reordered; runs in order) only where its answer is the one the Python path
 gives, and None for every other line, which then takes the Python path.
+"""
+
+ScanBlock = Callable[
+    [bytes], tuple[list[tuple[int, int, bytes, int]], int, int, int, int, int, list[tuple[int, int, int]]]
+]
+native_scan_block: ScanBlock | None = _scan_block
+"""``native_scan`` over every line of a block, for ``jsonl.block_edits``: None where it was not built.
+
+Returns the moved lines as (start, end, new bytes, index), the lines answered,
+runs reordered, runs in order, blank lines, lines left unread (no "_" and no
+backslash), and as (start, end, index) the lines it did not answer.
 """
 # orjson reads integers outside int64/uint64 as floats, losing digits: positive
 # ones of 20 digits, negative ones from 19 (-9223372036854775809). A changed line
