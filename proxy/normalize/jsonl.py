@@ -393,7 +393,19 @@ def _slice_edits(part: _FileSlice, first_line: int, validate: bool) -> tuple[lis
             raise NormalizeFailed(f"{part.path} was replaced while it was being read")
         _worker_files[part.path] = fd
     block = read_slice(fd, part.offset, part.length, part.path)
-    return block_edits(block, first_line, validate=validate)
+    return _worker_edits(block, first_line, validate)
+
+
+def _worker_edits(block: bytes, first_line: int, validate: bool) -> tuple[list[Edit], NormalizeTally]:
+    """In a worker: the block's edits, as one edit of the whole block when there are many.
+
+    Sending a block where every other line moved as one bytes object costs a
+    copy; sending its edits costs pickling a tuple per line, here and back.
+    """
+    edits, tally = block_edits(block, first_line, validate=validate)
+    if len(edits) > JOIN_EDITS:
+        edits = [(0, len(block), apply_edits(block, edits))]
+    return edits, tally
 
 
 Emit = Callable[[int, list[bytes | memoryview], NormalizeTally], None]
@@ -436,7 +448,7 @@ def normalize_jsonl(
     with worker_pool(workers) as pool:
         line = 1
         for block in source.blocks(block_size or WORKER_BLOCK):
-            pending.append((block, pool.submit(block_edits, block, line, validate=validate)))
+            pending.append((block, pool.submit(_worker_edits, block, line, validate)))
             line += _count_lines(block)
             if len(pending) >= 2 * workers:
                 splice()
@@ -476,7 +488,12 @@ def _normalize_file(
         part.renumber(line - 1)
         line += part.lines
         source.position = offset + length
-        pieces = edited_pieces(read_slice(fd, offset, length, name), edits) if write else []
+        if not write:
+            pieces: list[bytes | memoryview] = []
+        elif len(edits) == 1 and edits[0][:2] == (0, length):  # the whole slice, from _worker_edits
+            pieces = [edits[0][2]]
+        else:
+            pieces = edited_pieces(read_slice(fd, offset, length, name), edits)
         emit(length, pieces, part)
 
     # Slices small enough that every worker gets several, so none waits long at the end.
