@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
+from hypothesis import strategies as st
 
 from tests.support.conversations import anthropic_calls, assistant_calls, function_call, tool_result, tool_use
 
@@ -89,3 +90,13 @@ FORMS = {"chat": chat, "anthropic": anthropic, "responses": responses}
 def jsonl(records: Iterable[Any]) -> bytes:
     """Records as compact JSONL, the way orjson writes them."""
     return b"".join(orjson.dumps(record) + b"\n" for record in records)
+
+
+def arrived_in_any_order(calls: Sequence[tuple[str, str]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Records of any form with the first n of ``calls`` and their results in any order of arrival."""
+    return st.builds(
+        lambda form, arrival, n: FORMS[form](calls[:n], [(calls[i][0], str(i)) for i in arrival if i < n]),
+        st.sampled_from(sorted(FORMS)),
+        st.permutations(range(len(calls))),
+        st.integers(1, len(calls)),
+    )

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from proxy.normalize import block_edits, may_hold_results, normalize_line, order_record
 from proxy.normalize.core import order_parsed, quick_marked_line
-from tests.dataset_records import FORMS, sharegpt
+from tests.dataset_records import FORMS, arrived_in_any_order, sharegpt
 from tests.test_order_reference import anthropic_lists, chat_lists, responses_lists
 
 CALLS = [("call_a", "A"), ("call_b", "B"), ("call_c", "C"), ("call_d", "D")]
@@ -122,12 +122,7 @@ def _reference_block(lines: list[bytes]) -> tuple[list[Any], int, int, int, int]
 
 
 _line_records = st.one_of(
-    st.builds(
-        lambda form, arrival, n: FORMS[form](CALLS[:n], [(CALLS[i][0], str(i)) for i in arrival if i < n]),
-        st.sampled_from(sorted(FORMS)),
-        st.permutations(range(4)),
-        st.integers(1, 4),
-    ),
+    arrived_in_any_order(CALLS),
     st.builds(lambda messages: {"messages": messages}, chat_lists()),
     st.builds(lambda messages: {"messages": messages}, anthropic_lists()),
     st.builds(lambda items: {"input": items}, responses_lists()),

@@ -28,6 +28,7 @@ from typing import Any
 from bench import template_survey as survey
 from engine_launcher.chat_template import render_prompt
 from engine_launcher.template_check import conversation, render, template_from_file_text
+from proxy.engine import toolcalls
 from proxy.engine.toolcalls import Content, Event, ExtractOptions, Reasoning, TextExtractor, ToolCall
 
 __all__ = [
@@ -238,3 +239,22 @@ def with_parallel_off(text: str, options: ExtractOptions) -> list[Event]:
 def assert_parallel_off_keeps_the_first(text: str, calls: str) -> None:
     """With parallel calls off, the first of the rendered two calls of format ``calls`` stands; one is dropped."""
     assert calls_of(with_parallel_off(text, ExtractOptions(calls=calls, tools=TOOLS))) == CALLS[:1]
+
+
+def assert_cut_off_after_the_first(text: str, second: int, cut: int, options: ExtractOptions) -> None:
+    """``text`` cut at ``cut``, inside its second call (which starts at ``second``): the first call stands, the
+    rest is content, one block counts as malformed, on any split."""
+    events, extractor = extract(text[:cut], options)
+    assert calls_of(events) == CALLS[:1]
+    assert events[-1] == Content(text[second:cut])
+    assert extractor.malformed == 1
+    every_split(text[:cut], options)
+
+
+def reading_reasoning(name: str, **options: Any) -> ExtractOptions:
+    """Options that read reasoning with the markers template ``name`` renders, opened as its prompt opens them."""
+    form = toolcalls.template_reasoning(template_text(name))
+    assert form is not None
+    return ExtractOptions(
+        reasoning=True, think_open=form.opens_in_prompt, think_markers=(form.open, form.close), **options
+    )
