@@ -168,6 +168,17 @@ class EngineWatch:
 
     # --- the gate ---
 
+    def ready_now(self) -> bool:
+        """Whether :meth:`known` answers at once: the engine found and answering (or named: never waited for).
+
+        Not while llama-server's router has none of its models loaded: :meth:`known` reads its list first.
+        """
+        return self._found is not None and (self.named or self._unanswered is None) and not self._none_loaded()
+
+    def _none_loaded(self) -> bool:
+        models = self._names.engine_models
+        return models.router and not models.running
+
     async def known(self, upstream: Upstream) -> EngineFound:
         """The engine found, asking it now when it did not answer last time; refuses while it does not answer.
 
@@ -175,7 +186,7 @@ class EngineWatch:
         engine is not reachable yet. A named kind never waits: its requests go and fail as they fail.
         """
         if self._found is not None and (self.named or self._unanswered is None):
-            if self._names.engine_models.router and not self._names.engine_models.running:
+            if self._none_loaded():
                 await self.list_models(upstream)  # a model loaded since the last check takes the names at once
             return self._found
         await self.detect(upstream)

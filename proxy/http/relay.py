@@ -66,7 +66,7 @@ async def relay(
     refusal = not raw and call.may_refuse_name(response.status)
     whole = (length is not None and length <= _BUFFER_LIMIT) or rename is not None or refusal
     if not is_sse and whole and request.method != "HEAD":
-        body = await call.read(response)
+        body = await call.upstream.read(response)
         refused = call.name_refusal(response.status, body) if refusal else None
         if refused is not None:
             raise refused
