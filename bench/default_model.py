@@ -10,7 +10,8 @@ Each candidate (a model and the template serve hands its engine) is started as `
   template's ``<tool_call>`` form; it counts when serve returns it as that tool call with no content;
 - the pairing bench (bench/pairing.py): the same model and template also run directly, so all three
   conditions are measured (call order direct, finish order direct, finish order through toolpair);
-- start-up: seconds from starting serve to /ready (the model fetched or assembled beforehand);
+- start-up: seconds from starting serve to /ready (the model fetched or assembled beforehand), the
+  median of ``--rounds`` starts with the candidates taking turns;
 - memory: resident set of serve and its engine after those requests, and their peaks (VmHWM).
 
 The candidates: Gemma with ChatML (what serve gave it before), Gemma with its family's turn format
@@ -31,6 +32,7 @@ import os
 import random
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -168,7 +170,8 @@ async def replies(url: str) -> dict[str, Any]:
         choice = reply["choices"][0]
         calls = [c["function"] for c in choice["message"].get("tool_calls") or []]
         out["forced_tool_call"] = {
-            "read_back": calls == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+            "read_back": [(c["name"], json.loads(c["arguments"])) for c in calls]
+            == [("get_weather", {"city": "Paris"})]
             and not choice["message"].get("content")
             and choice["finish_reason"] == "tool_calls",
             "tool_calls": calls,
@@ -197,22 +200,37 @@ def pairing_rows(candidate: Candidate, model: Path, serve_url: str, cases: int, 
         engine.wait(30)
 
 
-def measure(candidate: Candidate, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    model = candidate.model()  # fetched or assembled before the clock starts
+def start_serve(candidate: Candidate, model: Path, args: argparse.Namespace, log: Path) -> tuple[Any, str, float]:
+    """``toolpair serve`` for ``candidate``, its URL, and the seconds it took to answer /ready."""
     port = free_port()
     command = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--model", str(model)]
     if candidate.template is not None:
         command += ["--chat-template-file", str(candidate.template)]
     if args.ctx_size:
         command += ["--ctx-size", str(args.ctx_size)]
-    log = work / "serve.log"
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_for(url + "/ready", process, log)
-        result: dict[str, Any] = {"startup_s": round(time.monotonic() - started, 2), "model": model.name}
+    except BaseException:
+        process.kill()
+        raise
+    return process, url, time.monotonic() - started
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(60)
+
+
+def measure(candidate: Candidate, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    model = candidate.model()  # fetched or assembled before the clock starts
+    log = work / "serve.log"
+    process, url, startup = start_serve(candidate, model, args, log)
+    try:
+        result: dict[str, Any] = {"startup_s": [round(startup, 2)], "model": model.name}
         result["rss_ready_mib"] = round(memory_kib(tree(process.pid))["VmRSS"] / 1024)
         result.update(asyncio.run(replies(url)))
         used = memory_kib(tree(process.pid))
@@ -224,14 +242,13 @@ def measure(candidate: Candidate, args: argparse.Namespace, work: Path) -> dict[
             result["pairing"] = pairing_rows(candidate, model, url, args.cases, work)
         return result
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
+        stop(process)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| candidate | start-up s | RSS at ready / after / peak MiB | `hi` | replies non-empty | own tool call | "
-        "forced tool call | pairing: call order direct / finish order direct / toolpair |",
+        "| candidate | start-up s (median) | RSS at ready / after / peak MiB | `hi` | replies non-empty "
+        "| own tool call | forced tool call | pairing: call order direct / finish order direct / toolpair |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
@@ -244,7 +261,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             for row in r.get("pairing", [])
         )
         lines.append(
-            f"| {name} | {r['startup_s']} | {r['rss_ready_mib']} / {r['rss_mib']} / {r['peak_rss_mib']} | {hi} | "
+            f"| {name} | {statistics.median(r['startup_s']):.1f} "
+            f"| {r['rss_ready_mib']} / {r['rss_mib']} / {r['peak_rss_mib']} | {hi} | "
             f"{filled}/{len(r['prompts'])} | {own} | {forced} | {pair or 'not run'} |"
         )
     return "\n".join(lines)
@@ -254,6 +272,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=8, help="pairing cases per shape (2 and 3 calls); 0 skips it")
     parser.add_argument("--ctx-size", type=int, help="n_ctx for serve (default: serve's own choice per model)")
+    parser.add_argument("--rounds", type=int, default=3, help="start-ups per candidate, taking turns")
     parser.add_argument("--only", help="run only the candidates whose name holds this text")
     parser.add_argument("--work", default=str(ROOT / "bench" / "results" / "default_model"), help="logs go here")
     args = parser.parse_args()
@@ -265,6 +284,12 @@ def main() -> None:
             continue
         results[candidate.name] = measure(candidate, args, work)
         print(candidate.name, json.dumps(results[candidate.name], indent=1), flush=True)
+    for _ in range(args.rounds - 1):  # more start-ups, the candidates taking turns (the machine is shared)
+        for candidate in CANDIDATES:
+            if candidate.name in results:
+                process, _, seconds = start_serve(candidate, candidate.model(), args, work / "serve.log")
+                stop(process)
+                results[candidate.name]["startup_s"].append(round(seconds, 2))
     print(table(results))
     out = ROOT / "bench" / "results" / "default_model.json"
     out.write_text(json.dumps({"cpus": os.cpu_count(), "results": results}, indent=2) + "\n")

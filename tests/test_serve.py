@@ -374,7 +374,7 @@ def test_plan_for_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
     assert launch.n_gpu_layers == 0 and launch.host == "127.0.0.1" and len(launch.api_key) >= 32
     assert not launch.logits_all and launch.prompt_cache_bytes == 1 << 30
     assert plan.backend == "cpu" and plan.warnings == []
-    assert plan.memory is not None and plan.memory.scores == 0 and plan.memory.total < 1 << 30
+    assert plan.memory is not None and plan.memory.scores == 0 and plan.memory.total < 2 << 30
     assert plan.logprobs_cost == 8192 * 49152 * 4  # stated in the banner
     assert serve.plan_serve(Settings(engine_ctx_size=4096), check_machine=False).launch.n_ctx == 4096
     assert serve.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key

@@ -83,27 +83,34 @@ def _gemma_prompt(template: Path, messages: list[dict[str, str]]) -> str:
     return render_prompt(text, messages, bos_token=bos, eos_token=eos)
 
 
-async def test_gemma_without_a_template_is_served_in_gemmas_turn_format(tmp_path: Path) -> None:
-    """The prompt the engine evaluated has as many tokens as Gemma's turn format makes, not ChatML's."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    model = bundled_model()
-    process, url, _, err = start_serve(tmp_path, "--ctx-size", "2048", "--model", str(model))
+@pytest.fixture(scope="module")
+def gemma_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """serve with the bundled Gemma named as the model, and no template: serve picks one."""
+    tmp = tmp_path_factory.mktemp("gemma")
+    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--model", str(bundled_model()))
     try:
-        assert (
-            "chat template: gemma-tools.json (the model has no chat template; "
-            "its architecture gemma3 is Gemma's turn format)"
-        ) in err.read_text()
-        messages = [{"role": "user", "content": "hi"}]
-        async with client(url) as openai:
-            reply = await openai.chat.completions.create(
-                model="any",
-                messages=messages,  # type: ignore[arg-type]
-                max_tokens=4,
-                temperature=0,
-            )
+        yield url, err
     finally:
         _stop(process, err)
-    vocab = llama_cpp.Llama(str(model), vocab_only=True, verbose=False)
+
+
+async def test_gemma_without_a_template_is_served_in_gemmas_turn_format(gemma_served: tuple[str, Path]) -> None:
+    """The prompt the engine evaluated has as many tokens as Gemma's turn format makes, not ChatML's."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    url, err = gemma_served
+    assert (
+        "chat template: gemma-tools.json (the model has no chat template; "
+        "its architecture gemma3 is Gemma's turn format)"
+    ) in err.read_text()
+    messages = [{"role": "user", "content": "hi"}]
+    async with client(url) as openai:
+        reply = await openai.chat.completions.create(
+            model="any",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=4,
+            temperature=0,
+        )
+    vocab = llama_cpp.Llama(str(bundled_model()), vocab_only=True, verbose=False)
 
     def count(template: Path) -> int:
         return len(vocab.tokenize(_gemma_prompt(template, messages).encode(), add_bos=False, special=True))
