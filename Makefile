@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.deps-test: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.deps-test: pyproject.toml setup.py proxy/normalize/_scan.c | $(VENV)/bin/python
 	$(PIP) install -e '.[test,lint,model,redis,parquet]'
 	touch $@
 

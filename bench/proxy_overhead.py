@@ -146,7 +146,7 @@ def floor_app(upstream: str) -> web.Application:
 
 def serve_floor(upstream: str, port: int) -> None:
     """Run the floor proxy on the same event loop toolpair uses (uvloop where installed)."""
-    from proxy.cli import new_event_loop
+    from proxy.cli.common import new_event_loop
 
     web.run_app(floor_app(upstream), host="127.0.0.1", port=port, access_log=None, print=None, loop=new_event_loop())
 

@@ -46,17 +46,7 @@ SDIST_VERSION = "11434.0.0"
 
 TEMPLATES_IN_SDIST = "llama.cpp/models/templates/"
 
-NOT_READ_BACK = {
-    "Kimi-K3": (
-        "Kimi K3 writes its reply as sections (`<|open|>response<|sep|>`, `<|open|>tools<|sep|>`, "
-        "`<|open|>call tool=...`), a message structure like gpt-oss's channels; toolpair has no reader "
-        "for it yet, so its calls and its sections' tokens stay in the text"
-    ),
-    "meetkai-functionary-medium-v3.2": (
-        "Functionary v3.2 writes `NAME\\n{...}` segments joined by `>>>`, with nothing to mark the first "
-        "(the generation prompt's `>>>` opens it); toolpair has no reader for it yet"
-    ),
-}
+NOT_READ_BACK: dict[str, str] = {}
 """The templates whose calls toolpair does not read back, and why: the survey names them in
 ``docs/templates.md``, and ``tests/test_template_roundtrip.py`` holds toolpair to exactly this list."""
 

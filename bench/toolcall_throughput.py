@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--format", action="append", help="only this format (repeatable)")
     args = parser.parse_args()
     rows = one_per_format(fetch_templates())
-    print(f"{'format':<14} {'template':<40} {'extractor MB/s':>14} {'floor MB/s':>10} {'x floor':>8}")
+    print(f"{'format':<17} {'template':<40} {'extractor MB/s':>14} {'floor MB/s':>10} {'x floor':>8}")
     for fmt, (name, options, text) in sorted(rows.items()):
         if args.format and fmt not in args.format:
             continue
@@ -110,10 +110,10 @@ def main() -> None:
         replies = max(1, int(args.mb * 1e6 / len(text)))
         rate, calls = extractor_rate(options, reply, replies)
         if calls != 2 * replies:
-            print(f"{fmt:<14} {name:<40} read {calls} calls of {2 * replies}: not read back, no rate")
+            print(f"{fmt:<17} {name:<40} read {calls} calls of {2 * replies}: not read back, no rate")
             continue
         floor = floor_rate(reply, replies, text[len(PROSE) :].removeprefix("</think>").lstrip())
-        print(f"{fmt:<14} {name:<40} {rate:>14.1f} {floor:>10.1f} {rate / floor:>7.2f}x")
+        print(f"{fmt:<17} {name:<40} {rate:>14.1f} {floor:>10.1f} {rate / floor:>7.2f}x")
     print(f"target: at least 50 MB/s per format, fed in {args.piece}-character pieces")
 
 

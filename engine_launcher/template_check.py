@@ -52,6 +52,7 @@ __all__ = [
     "TOOL",
     "TemplateVerdict",
     "WRITTEN_CALLS",
+    "WRITTEN_ANSWER",
     "WRITTEN_TOOLS",
     "WrittenTurn",
     "check_template",
@@ -60,6 +61,7 @@ __all__ = [
     "meaning",
     "render",
     "template_from_file_text",
+    "written_answer",
     "written_turn",
 ]
 
@@ -286,6 +288,8 @@ REASONING_MARKERS: tuple[tuple[str, str], ...] = (
     ("<think:opensource>", "</think:opensource>"),
     ("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
     ("<|START_THINKING|>", "<|END_THINKING|>"),
+    ("<|inner_prefix|>", "<|inner_suffix|>"),
+    ("<|think|>", "<|end|>"),
     ("<think>", "</think>"),
 )
 """Every reasoning pair toolpair knows, most specific first (``<think>`` is also inside others).
@@ -412,6 +416,33 @@ def written_turn(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP
                 return WrittenTurn(text[:first], chosen)
             return WrittenTurn(_without_closing(text, closing), chosen)
     return None
+
+
+WRITTEN_ANSWER = _TURN_MARK
+"""The plain answer :func:`written_answer` renders."""
+
+
+def written_answer(source: TemplateSource, renderer: Renderer = Renderer.LLAMA_CPP_PYTHON) -> tuple[str, str] | None:
+    """The model's text for the plain answer :data:`WRITTEN_ANSWER`, and what closes its turn; None when none renders.
+
+    The text runs from the generation prompt through the answer, the tokens a family writes before
+    it included (Command R7B's ``<|START_RESPONSE|>``); the closing is the rest of the turn as
+    rendered (``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``), whose end the engine stops at and leaves out.
+
+    >>> chatml = ("{% for m in messages %}<|im_start|>{{ m.role }}\\n{{ m.content }}<|im_end|>\\n{% endfor %}"
+    ...           "{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}")
+    >>> written_answer(TemplateSource(chatml))
+    ('Sunny-7Qx', '<|im_end|>\\n')
+    """
+    try:
+        reply = _turn_text(source, renderer, {"role": "assistant", "content": _TURN_MARK})
+    except Exception:  # the template is foreign code: whatever it raises, it teaches no answer
+        return None
+    end = reply.find(_TURN_MARK)
+    if end < 0:
+        return None
+    end += len(_TURN_MARK)
+    return reply[:end], reply[end:]
 
 
 def template_from_file_text(text: str, origin: str = "") -> TemplateSource:

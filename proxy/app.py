@@ -5,14 +5,14 @@ client, operations), so it sits above them all.
 
 Handlers decode, ask their dialect for a plan, and reach the engine through the one
 :class:`~proxy.engine.client.EngineClient`. Errors are raised, never caught to answer: the error
-middleware (:mod:`proxy.http.middleware`) turns them into responses in the route's dialect.
+answer (:mod:`proxy.http.middleware`, called by the access middleware) turns them into responses in the route's dialect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -28,7 +28,7 @@ from proxy.engine.watch import EngineWatch
 from proxy.errors import Dialect
 from proxy.http.engine_metrics import engine_metrics_handler
 from proxy.http.keys import ADMISSION, ENGINE_CLIENT, ENGINE_WATCH, SETTINGS, UPSTREAM
-from proxy.http.middleware import ErrorMaps, error_middleware
+from proxy.http.middleware import ErrorMaps, error_answer
 from proxy.http.probes import register_health_routes
 from proxy.http.relay import passthrough
 from proxy.http.routing import stamp_route
@@ -68,11 +68,17 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 def _engine_gate(watch: EngineWatch, paths: frozenset[str]) -> Middleware:
     """API requests wait for the engine to be found: until it answers, a 503 in the API's shape says so."""
 
-    @web.middleware
-    async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "POST" and request.path in paths:
-            await watch.known(request.app[UPSTREAM])
+    async def wait_then(request: web.Request, handler: Handler) -> web.StreamResponse:
+        await watch.known(request.app[UPSTREAM])
         return await handler(request)
+
+    @web.middleware
+    def gate(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+        # A plain function, not a coroutine: once the engine is known it hands back the handler's own
+        # coroutine, so the gate is no frame in the chain that every await of the request passes through.
+        if watch.ready_now() or request.method != "POST" or request.path not in paths:
+            return handler(request)
+        return wait_then(request, handler)
 
     return gate
 
@@ -113,7 +119,7 @@ def create_app(
     app[ADMISSION] = admission
     app[ENGINE_CLIENT] = EngineClient(upstream, watch, admission)
     app.cleanup_ctx.append(_upstream_ctx)
-    register_operations(app, settings, upstream.base_url, error_middleware(ERROR_MAPS), metrics_path=not engine_metrics)
+    register_operations(app, settings, upstream.base_url, error_answer(ERROR_MAPS), metrics_path=not engine_metrics)
     app.on_response_prepare.append(stamp_route)
     app.middlewares.append(_engine_gate(watch, frozenset((*CHAT_PATHS, MESSAGES_PATH, *RESPONSES_PATHS))))
     if engine_metrics:

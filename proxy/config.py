@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
+
 __all__ = ["ApiMode", "ConfigError", "EngineKind", "LogFormat", "LogLevel", "Settings", "load_settings", "ENV_PREFIX"]
 
 ENV_PREFIX = "TOOLPAIR_"
@@ -175,11 +177,52 @@ class Settings:
     engine_parallel: int = 1
 
     def __post_init__(self) -> None:
-        """Mode settings are checked here, once, however the settings were made (a string becomes its mode)."""
+        """Settings are checked here, once, however they were made: a mode string becomes its mode, and a
+        number or name out of its range is refused before anything starts (:func:`_check_tuning`)."""
         for name, kind in _enum_fields().items():
             value = getattr(self, name)
             if type(value) is not kind:
                 object.__setattr__(self, name, _enum(name, kind, value))
+        _check_tuning(self)
+
+
+_LEAST = (
+    ("max_concurrency", 1),
+    ("max_queue", 0),
+    ("engine_max_restarts", 0),
+    ("engine_parallel", 1),
+    ("engine_ctx_size", 256),
+    ("prompt_cache_size", 0),
+    ("engine_threads", 1),
+    ("engine_threads_batch", 1),
+    ("engine_batch_size", 1),
+    ("engine_ubatch_size", 1),
+    ("engine_main_gpu", 0),
+    ("engine_gpu_layers", -1),
+)
+"""Tuning settings and the least value each may take (None: the engine's default)."""
+
+
+def _check_tuning(settings: Settings) -> None:
+    """Refuse a tuning setting out of range, or a KV cache type or split mode the engine does not know.
+
+    >>> Settings(max_queue=-1)
+    Traceback (most recent call last):
+    ...
+    proxy.config.ConfigError: max_queue must be at least 0
+    """
+    for name, least in _LEAST:
+        value = getattr(settings, name)
+        if value is not None and value < least:
+            raise ConfigError(f"{name} must be at least {least}")
+    for name in ("engine_cache_type_k", "engine_cache_type_v"):
+        value = getattr(settings, name)
+        if value is not None and value not in CACHE_TYPES:
+            raise ConfigError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {value!r}")
+    if settings.engine_split_mode is not None and settings.engine_split_mode not in SPLIT_MODES:
+        raise ConfigError(f"engine_split_mode must be one of {', '.join(SPLIT_MODES)}")
+    if any(share < 0 for share in settings.engine_tensor_split):
+        raise ConfigError("engine_tensor_split shares must not be negative")
 
 
 @functools.cache

@@ -1,6 +1,6 @@
 """``toolpair serve``: the managed llama-cpp-python engine and the proxy, in one process.
 
-Before anything starts, :func:`plan_serve` settles every decision (model,
+Before anything starts, :func:`~proxy.serve_plan.plan_serve` settles every decision (model,
 context size, chat template, GPU offload, engine port and key) and refuses a
 bad setting with a clear message. :func:`build_serve_app` wires the engine in as
 the upstream: with ``engine_parallel`` N, N engine processes of the same model,
@@ -13,59 +13,26 @@ same conversation.
 stops accepting, gives requests in flight ``shutdown_grace`` seconds, then stops
 the engine.
 
-``/ready`` (:mod:`proxy.http.probes`) answers 200 while some engine is ready, with
-each engine's state and restarts, and the queue, in the body.
+What the engines are doing is read in one place, :func:`engine_snapshot`: ``/toolpair/status``
+and ``/metrics`` show it whole, and ``/ready`` (:mod:`proxy.http.probes`) answers 200 while some
+engine in it is ready, with each engine's state and restarts, and the queue, in the body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import difflib
-import importlib.util
-import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from aiohttp import web
 
-from engine_launcher.backends import (
-    RPC_FLAG,
-    Backend,
-    EngineDevices,
-    ProbedOnce,
-    Probes,
-    SystemProbes,
-    detect_backend,
-    engine_devices,
-    gpu_free_memory,
-    parse_backend,
-)
-from engine_launcher.cpu_features import cpu_flags, missing_instruction_sets
-from engine_launcher.gguf import GGUFError, context_length
-from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.install import LLAMA_CPP_VERSION, read_record
-from engine_launcher.launch import (
-    CACHE_TYPES,
-    READY_PATH,
-    SPLIT_MODES,
-    EngineLaunch,
-    engine_command,
-    engine_env,
-    free_port,
-    installed_setting_names,
-)
-from engine_launcher.machine import available_memory, physical_cores, usable_cores
-from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
-from engine_launcher.models import ModelError, serve_model
+from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env
 from engine_launcher.process import (
     ChildSpec,
     EngineState,
@@ -74,10 +41,8 @@ from engine_launcher.process import (
     RestartPolicy,
     Warmup,
 )
-from engine_launcher.rpc import parse_endpoints
-from engine_launcher.template_file import template_file_parts
-from proxy import __version__
 from proxy.app import create_app
+from proxy.banner import serve_banner
 from proxy.config import ConfigError, Settings
 from proxy.engine.plan import engine_setup, follow_template
 from proxy.engine.queueing import EnginePool, PoolEngine
@@ -85,17 +50,16 @@ from proxy.engine.upstream import EngineTarget, Upstream
 from proxy.errors import EngineUnavailableError
 from proxy.http.probes import READINESS
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot, overall_state
+from proxy.serve_plan import ServePlan
 
 __all__ = [
     "QUEUE",
     "SUPERVISORS",
-    "ServePlan",
-    "banner",
     "build_serve_app",
     "check_engine",
-    "device_line",
     "engine_child",
-    "plan_serve",
+    "engine_snapshot",
+    "managed_settings",
     "run_serve",
 ]
 
@@ -104,335 +68,6 @@ log = logging.getLogger("toolpair")
 SUPERVISORS = web.AppKey("supervisors", dict[str, EngineSupervisor])
 """Each engine's supervisor by engine name (engine-0, engine-1, ...)."""
 QUEUE = web.AppKey("queue", EnginePool)
-
-
-@dataclass(frozen=True)
-class ServePlan:
-    """Every decision ``serve`` makes before it starts anything."""
-
-    launch: EngineLaunch
-    backend: str
-    warnings: list[str] = field(default_factory=list)
-    template_text: str | None = None
-    """The Jinja chat template the engine renders with (for format detection)."""
-    memory: MemoryEstimate | None = None
-    """What the engine is expected to need at the chosen n_ctx (None: the header did not say enough)."""
-    memory_budget: int | None = None
-    """The memory it was checked against (None: unknown)."""
-    logprobs_cost: int | None = None
-    """Bytes that serving logprobs costs (or would cost) at this n_ctx."""
-    parallel: tuple[EngineLaunch, ...] = ()
-    """With engine_parallel N > 1: the N engines, each with its own port and key (``launch`` is the first)."""
-    devices: EngineDevices | None = None
-    """The GPU build's devices here (None: a CPU build, or not looked at)."""
-    n_layer: int | None = None
-    """The model's repeating layers (from its header), for what the banner says is offloaded."""
-
-    @property
-    def launches(self) -> tuple[EngineLaunch, ...]:
-        """Every engine serve starts."""
-        return self.parallel or (self.launch,)
-
-    @property
-    def model_name(self) -> str:
-        return self.launch.model.name
-
-
-def _progress(out: TextIO) -> Callable[[int, int], None]:
-    shown = [-1]
-
-    def report(done: int, total: int) -> None:
-        percent = done * 100 // max(total, 1)
-        if percent // 10 != shown[0] // 10 or done == total:
-            shown[0] = percent
-            print(f"assembling the model: {percent}%", file=out, flush=True)
-
-    return report
-
-
-# --engine-arg keys toolpair sets itself, and keys with a flag of their own.
-_OWNED_ARGS = frozenset({"model", "host", "port", "api_key", "interrupt_requests", "config_file", "models"})
-_FLAG_FOR_ARG = {
-    "n_ctx": "-c/--ctx-size",
-    "n_gpu_layers": "-ngl/--n-gpu-layers",
-    "n_threads": "-t/--threads",
-    "n_threads_batch": "-tb/--threads-batch",
-    "n_batch": "-b/--batch-size",
-    "n_ubatch": "-ub/--ubatch-size",
-    "flash_attn": "-fa/--flash-attn",
-    "type_k": "--cache-type-k",
-    "type_v": "--cache-type-v",
-    "chat_format": "--chat-template-file",
-    "hf_tokenizer_config_path": "--chat-template-file",
-    "use_mlock": "--mlock",
-    "use_mmap": "--no-mmap",
-    "main_gpu": "--main-gpu",
-    "split_mode": "--split-mode",
-    "tensor_split": "--tensor-split",
-    "cache": "--prompt-cache-size",
-    "cache_type": "--prompt-cache-size",
-    "cache_size": "--prompt-cache-size",
-    "logits_all": "--logprobs",
-}
-
-
-def engine_args(entries: list[str], accepted: frozenset[str]) -> dict[str, str]:
-    """``--engine-arg KEY=VALUE`` entries as server settings, each key checked against the installed engine.
-
-    >>> engine_args(["rope_freq_base=10000"], frozenset({"rope_freq_base"}))
-    {'rope_freq_base': '10000'}
-    """
-    found: dict[str, str] = {}
-    for entry in entries:
-        key, sep, value = entry.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_")
-        if not sep or not key:
-            raise ConfigError(f"engine argument {entry!r} is not KEY=VALUE")
-        if key in _OWNED_ARGS:
-            raise ConfigError(f"engine argument {key!r}: toolpair sets it itself")
-        if key in _FLAG_FOR_ARG:
-            raise ConfigError(f"engine argument {key!r}: use {_FLAG_FOR_ARG[key]} instead")
-        if key not in accepted:
-            near = difflib.get_close_matches(key, sorted(accepted), n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"engine argument {key!r} is not a setting the installed llama-cpp-python accepts{hint}")
-        found[key] = value
-    return found
-
-
-def _check_tuning(settings: Settings) -> None:
-    for name, least in (
-        ("max_concurrency", 1),
-        ("max_queue", 0),
-        ("engine_max_restarts", 0),
-        ("engine_parallel", 1),
-        ("engine_ctx_size", 256),
-        ("prompt_cache_size", 0),
-        ("engine_threads", 1),
-        ("engine_threads_batch", 1),
-        ("engine_batch_size", 1),
-        ("engine_ubatch_size", 1),
-        ("engine_main_gpu", 0),
-        ("engine_gpu_layers", -1),
-    ):
-        value = getattr(settings, name)
-        if value is not None and value < least:
-            raise ConfigError(f"{name} must be at least {least}")
-    for name in ("engine_cache_type_k", "engine_cache_type_v"):
-        value = getattr(settings, name)
-        if value is not None and value not in CACHE_TYPES:
-            raise ConfigError(f"{name} must be one of {', '.join(CACHE_TYPES)}, not {value!r}")
-    if settings.engine_split_mode is not None and settings.engine_split_mode not in SPLIT_MODES:
-        raise ConfigError(f"engine_split_mode must be one of {', '.join(SPLIT_MODES)}")
-    if any(share < 0 for share in settings.engine_tensor_split):
-        raise ConfigError("engine_tensor_split shares must not be negative")
-
-
-def _memory_plan(
-    settings: Settings,
-    shape: ModelShape | None,
-    model: Path,
-    trained: int | None,
-    gpu_layers: int,
-    backend: str,
-    probes: Probes,
-) -> tuple[int, MemoryEstimate | None, int | None, list[str]]:
-    """n_ctx, its memory estimate, the budget it was checked against, and what start-up should say about it."""
-    wanted = settings.engine_ctx_size or trained or _FALLBACK_CTX
-    if shape is None:
-        return wanted, None, None, []
-    bytes_k = CACHE_TYPES[settings.engine_cache_type_k or "f16"][1]
-    bytes_v = CACHE_TYPES[settings.engine_cache_type_v or "f16"][1]
-    model_bytes = model.stat().st_size
-
-    def estimate(n_ctx: int) -> MemoryEstimate:
-        return estimate_memory(
-            shape,
-            model_bytes,
-            n_ctx,
-            logits_all=bool(settings.engine_logprobs),
-            n_batch=settings.engine_batch_size or 512,
-            n_ubatch=settings.engine_ubatch_size or 512,
-            bytes_k=bytes_k,
-            bytes_v=bytes_v,
-            flash_attn=bool(settings.engine_flash_attn),
-            prompt_cache_bytes=settings.prompt_cache_size,
-        )
-
-    # A GPU build with every layer offloaded holds weights, KV cache and compute buffers in GPU
-    # memory; what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
-    ram = available_memory()
-    vram = gpu_free_memory(os.environ, probes) if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
-
-    engines = settings.engine_parallel  # --parallel N: N engines, each needing all of it
-
-    def fits(n_ctx: int) -> bool:
-        need = estimate(n_ctx)
-        if vram is None:
-            return ram is None or engines * need.total <= ram
-        on_gpu = need.weights + need.kv_cache + need.compute
-        return engines * on_gpu <= vram and (ram is None or engines * (need.scores + need.prompt_cache) <= ram)
-
-    budget = ram if vram is None else vram
-    if budget is None:
-        return wanted, estimate(wanted), None, []
-    where = "available" if vram is None else "of GPU memory free"
-    chosen = fitting_context(wanted, fits)
-    notes: list[str] = []
-    if chosen is None:
-        notes.append(
-            f"the engine needs {_times(engines)}{estimate(256).describe()} even at n_ctx 256 and this machine has "
-            f"{gib(budget)} {where}; it may not start"
-        )
-        chosen = min(wanted, 256)
-    elif chosen < wanted:
-        source = "--ctx-size" if settings.engine_ctx_size else "the model's training context"
-        notes.append(
-            f"n_ctx {chosen}, not {wanted} ({source}): the engine would need "
-            f"{_times(engines)}{gib(estimate(wanted).total)} "
-            f"and this machine has {gib(budget)} {where}"
-        )
-    return chosen, estimate(chosen), budget, notes
-
-
-_FALLBACK_CTX = 4096
-"""n_ctx for a model whose header does not give its training context."""
-
-
-def _times(engines: int) -> str:
-    return f"{engines} x " if engines > 1 else ""
-
-
-def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: bool = True) -> ServePlan:
-    """Resolve model, template, context, memory, offload and engine settings; raise ConfigError on anything unusable."""
-    warnings: list[str] = []
-    _check_tuning(settings)
-    try:
-        served = serve_model(settings.model, settings.chat_template, progress=_progress(out))
-        model, metadata, template = served.path, served.metadata, served.template.path
-        print(f"chat template: {served.template.describe()}", file=out, flush=True)
-        backend_choice = parse_backend(settings.engine_backend)
-    except (ModelError, GGUFError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(str(exc)) from None
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise ConfigError("llama-cpp-python is not installed here: run `toolpair engine install`")
-    extra = engine_args(settings.engine_args, installed_setting_names())
-    probes = ProbedOnce(SystemProbes(timeout=10.0))  # every check below asks the machine once
-    record = read_record()
-    if record is None:
-        backend = "unknown"
-        warnings.append("llama-cpp-python was not installed by `toolpair engine install`; its backend is unknown")
-    else:
-        backend = record.backend
-        if check_machine:
-            found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
-            if found.backend.value != record.backend:
-                wanted = (
-                    f"engine_backend is {found.backend.value}"
-                    if backend_choice is not None
-                    else f"this machine gets {found.backend.value} ({found.reason})"
-                )
-                warnings.append(
-                    f"the engine is built for {record.backend}, but {wanted}; "
-                    f"run `toolpair engine install --backend {found.backend.value}`"
-                )
-    if record is not None and record.built_for_cpu and check_machine:
-        missing = missing_instruction_sets(record.built_for_cpu, cpu_flags())
-        if missing:
-            # It would load, then die with SIGILL at its first matrix multiply: stop before, in one line.
-            raise ConfigError(
-                f"the engine was built for another CPU: this one lacks {', '.join(missing)}, and the engine "
-                "would stop with SIGILL; run `toolpair engine install` to build it for this CPU "
-                "(or `toolpair engine install --portable` for a build that runs on any x86-64-v3 CPU)"
-            )
-    devices = None
-    if record is not None and record.gpu and check_machine:
-        devices = engine_devices(Backend(record.backend), os.environ, probes, record.cmake_args)
-        if devices is not None and devices.problem:
-            if devices.fatal:  # the engine would fail to load or to run: stop, in one line
-                raise ConfigError(devices.problem)
-            warnings.append(devices.problem)
-    run_env = record.process_env(devices) if record is not None else {}
-    try:
-        rpc_servers = parse_endpoints(settings.engine_rpc)
-    except ValueError as exc:
-        raise ConfigError(f"engine_rpc: {exc}") from None
-    if rpc_servers and record is not None and RPC_FLAG not in record.cmake_args:
-        raise ConfigError("the engine was built without RPC: run `toolpair engine install --rebuild`")
-    gpu_layers = settings.engine_gpu_layers
-    if gpu_layers is None:
-        # An unknown build gets -1 too: a CPU build ignores it. RPC workers count as GPUs: all layers go to them.
-        gpu_layers = 0 if backend == "cpu" and not rpc_servers else -1
-    trained = context_length(metadata)
-    shape = ModelShape.from_metadata(metadata)
-    n_ctx, memory, budget, notes = _memory_plan(settings, shape, model, trained, gpu_layers, backend, probes)
-    warnings += notes
-    if settings.engine_ctx_size and trained and settings.engine_ctx_size > trained:
-        warnings.append(f"--ctx-size {settings.engine_ctx_size} is beyond the model's training context ({trained})")
-    launch = EngineLaunch(
-        model=model,
-        port=free_port(),
-        api_key=secrets.token_urlsafe(24),
-        n_ctx=n_ctx,
-        n_gpu_layers=gpu_layers,
-        chat_template=template,
-        rpc_servers=rpc_servers,
-        logits_all=bool(settings.engine_logprobs),
-        prompt_cache_bytes=settings.prompt_cache_size,
-        # Engines that work at once share the cores: each gets its share unless told otherwise.
-        n_threads=settings.engine_threads or max(1, physical_cores() // settings.engine_parallel),
-        n_threads_batch=settings.engine_threads_batch or max(1, usable_cores() // settings.engine_parallel),
-        n_batch=settings.engine_batch_size,
-        n_ubatch=settings.engine_ubatch_size,
-        flash_attn=settings.engine_flash_attn,
-        cache_type_k=settings.engine_cache_type_k,
-        cache_type_v=settings.engine_cache_type_v,
-        use_mlock=True if settings.engine_mlock else None,
-        use_mmap=None if settings.engine_mmap else False,
-        main_gpu=settings.engine_main_gpu,
-        split_mode=settings.engine_split_mode,
-        tensor_split=tuple(settings.engine_tensor_split),
-        extra=extra,
-        env=run_env,
-    )
-    template_text: str | None
-    if template is not None:
-        # The engine reads the file through template_file_parts (a list of named templates gives
-        # its tool_use one), so the format is detected from the very template the engine renders.
-        template_text = template_file_parts(json.loads(template.read_text(encoding="utf-8")))[0]
-    else:
-        template_text = gguf_chat_template(metadata)
-    logprobs_cost = None
-    if shape is not None:
-        logprobs_cost = n_ctx * shape.n_vocab * 4
-    return ServePlan(
-        launch,
-        backend,
-        warnings,
-        template_text,
-        memory=memory,
-        memory_budget=budget,
-        logprobs_cost=logprobs_cost,
-        parallel=_parallel_launches(launch, settings.engine_parallel),
-        devices=devices,
-        n_layer=shape.n_layer if shape is not None else None,
-    )
-
-
-def _parallel_launches(first: EngineLaunch, count: int) -> tuple[EngineLaunch, ...]:
-    """``count`` engines like ``first``, each on a port and with a key of its own; () for one engine."""
-    if count <= 1:
-        return ()
-    launches = [first]
-    ports = {first.port}
-    while len(launches) < count:
-        port = free_port()
-        if port not in ports:
-            ports.add(port)
-            launches.append(dataclasses.replace(first, port=port, api_key=secrets.token_urlsafe(24)))
-    return tuple(launches)
 
 
 def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
@@ -445,84 +80,6 @@ def managed_settings(settings: Settings, plan: ServePlan) -> Settings:
         # count_tokens renders with the very template the engine uses, so its count is exact.
         changes["count_tokens_template"] = str(plan.launch.chat_template)
     return follow_template(dataclasses.replace(settings, **changes), plan.template_text or "")  # type: ignore[arg-type]
-
-
-def _local(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else (f"[{host}]" if ":" in host else host)
-
-
-def device_line(plan: ServePlan) -> str | None:
-    """The banner's line about the GPU: which device, how many layers go to it, and their memory by the estimate.
-
-    >>> from pathlib import Path
-    >>> plan = ServePlan(EngineLaunch(Path("m"), 1, "k", 4096, n_gpu_layers=-1), "vulkan",
-    ...                  devices=EngineDevices(("llvmpipe",), note="software"), n_layer=18,
-    ...                  memory=MemoryEstimate(240 * 2**20, 100 * 2**20, 0, 60 * 2**20, 0))
-    >>> print(device_line(plan))
-      device:         llvmpipe (software): all 18 layers and the output (-ngl -1), ~400 MiB there by the estimate
-    """
-    if plan.devices is None or not plan.devices.names:
-        return None
-    names = ", ".join(plan.devices.names) + (f" ({plan.devices.note})" if plan.devices.note else "")
-    layers, n_layer = plan.launch.n_gpu_layers, plan.n_layer
-    if layers == 0:
-        return f"  device:         {names}: no layers on it (-ngl 0)"
-    if n_layer is None:
-        return f"  device:         {names}: {'all' if layers < 0 else layers} layers (-ngl {layers})"
-    share = 1.0 if layers < 0 or layers > n_layer else layers / (n_layer + 1)
-    shown = f"all {n_layer} layers and the output" if share == 1.0 else f"{layers} of {n_layer + 1} layers"
-    line = f"  device:         {names}: {shown} (-ngl {layers})"
-    if plan.memory is not None:
-        on_device = (plan.memory.weights + plan.memory.kv_cache) * share + plan.memory.compute
-        line += f", ~{gib(on_device)} there by the estimate"
-    return line
-
-
-def banner(settings: Settings, plan: ServePlan) -> str:
-    """How to connect, printed at start-up.
-
-    >>> from pathlib import Path
-    >>> plan = ServePlan(EngineLaunch(Path("m.gguf"), 1, "k", 4096), "cpu")
-    >>> print(banner(Settings(port=8787), plan).splitlines()[-3])
-      OpenAI SDK:     OpenAI(base_url="http://127.0.0.1:8787/v1", api_key="any")
-    """
-    base = f"http://{_local(settings.host)}:{settings.port}"
-    launch = plan.launch
-    template = launch.chat_template.name if launch.chat_template else "the model's own"
-    where = " (all interfaces)" if settings.host in ("0.0.0.0", "", "::") else ""
-    threads = f"threads {launch.n_threads}/{launch.n_threads_batch}" if launch.n_threads else "threads: engine default"
-    lines = [
-        f"toolpair {__version__} serving {plan.model_name} with llama-cpp-python {LLAMA_CPP_VERSION}",
-        f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "
-        f"{threads}, chat template {template}"
-        + (f", RPC workers {','.join(launch.rpc_servers)}" if launch.rpc_servers else ""),
-    ]
-    device = device_line(plan)
-    if device is not None:
-        lines.append(device)
-    engines = len(plan.launches)
-    if plan.memory is not None:
-        budget = f" of {gib(plan.memory_budget)} available" if plan.memory_budget is not None else ""
-        if engines > 1:  # each engine holds the model and its own context
-            each = f"{engines} engines x {plan.memory.describe()} = ~{gib(engines * plan.memory.total)}"
-            lines.append(f"  memory:         {each}{budget}")
-        else:
-            lines.append(f"  memory:         {plan.memory.describe()}{budget}")
-    cost = f" ({gib(plan.logprobs_cost)} at this n_ctx)" if plan.logprobs_cost is not None else ""
-    if launch.logits_all:
-        lines.append(f"  logprobs:       served; their logits cost{cost or ' n_ctx x vocabulary x 4 bytes'}")
-    else:
-        lines.append(f"  logprobs:       off (requests for them get 400); --logprobs serves them{cost}")
-    cache = gib(launch.prompt_cache_bytes) if launch.prompt_cache_bytes else "off"
-    lines += [
-        f"  prompt cache:   {cache}{' each' if engines > 1 else ''}   engines: {engines}"
-        + (" (--parallel: a conversation returns to the engine that served it)" if engines > 1 else ""),
-        f"  listening on:   {base}{where}   health: {base}/health   ready: {base}/ready",
-        f'  OpenAI SDK:     OpenAI(base_url="{base}/v1", api_key="any")',
-        f'  Anthropic SDK:  Anthropic(base_url="{base}", api_key="any")',
-        f"  Claude Code:    ANTHROPIC_BASE_URL={base} ANTHROPIC_API_KEY=any claude",
-    ]
-    return "\n".join(lines)
 
 
 WARMUP_PATH = "/v1/completions"
@@ -541,21 +98,9 @@ def engine_child(launch: EngineLaunch) -> ChildSpec:
     return ChildSpec(engine_command(launch), launch.url + READY_PATH, engine_env(launch, os.environ), warmup)
 
 
-def _engine_status(name: str, engine: EngineSupervisor, pool: EnginePool) -> dict[str, Any]:
-    status: dict[str, Any] = {
-        "name": name,
-        "state": engine.state.value,
-        "restarts": engine.restarts,
-        "active": pool.schedule.active_on(name),
-        "served": pool.schedule.served_by(name),
-    }
-    if engine.reason:
-        status["reason"] = engine.reason.splitlines()[0]
-    return status
-
-
-def _readings(engines: dict[str, EngineSupervisor], plan: ServePlan, pool: EnginePool) -> tuple[EngineReading, ...]:
-    return tuple(
+def engine_snapshot(engines: dict[str, EngineSupervisor], plan: ServePlan, pool: EnginePool) -> EngineSnapshot:
+    """What the engines are doing now: the one status view ``/toolpair/status``, ``/metrics`` and ``/ready`` show."""
+    readings = tuple(
         EngineReading(
             name,
             engine.state.value,
@@ -563,8 +108,17 @@ def _readings(engines: dict[str, EngineSupervisor], plan: ServePlan, pool: Engin
             pool.schedule.active_on(name),
             pool.schedule.served_by(name),
             launch.port,
+            engine.reason.splitlines()[0] if engine.reason else None,
         )
         for (name, engine), launch in zip(engines.items(), plan.launches, strict=True)
+    )
+    return EngineSnapshot(
+        state=overall_state(tuple(r.state for r in readings)),
+        restarts=sum(r.restarts for r in readings),
+        backend=plan.backend,
+        model=plan.model_name,
+        queue_depth=pool.waiting,
+        engines=readings,
     )
 
 
@@ -644,33 +198,23 @@ def build_serve_app(
     app[QUEUE] = pool
 
     def snapshot() -> EngineSnapshot:
-        readings = _readings(engines, plan, pool)
-        return EngineSnapshot(
-            state=overall_state(tuple(r.state for r in readings)),
-            restarts=sum(r.restarts for r in readings),
-            backend=plan.backend,
-            model=plan.model_name,
-            queue_depth=pool.waiting,
-            engines=readings,
-        )
+        return engine_snapshot(engines, plan, pool)
 
     app[ENGINE_PROBE] = snapshot
 
     async def engine_is_ready() -> tuple[bool, dict[str, Any]]:
-        # Ready while some engine can serve; the states are read for health output only.
-        each = [_engine_status(name, engine, pool) for name, engine in engines.items()]
-        ready = any(engine.state is EngineState.READY for engine in engines.values())
-        queue = {"active": pool.active, "waiting": pool.waiting, "max_queue": pool.max_queue}
-        overall = {
-            "state": overall_state(tuple(e["state"] for e in each)),
-            "restarts": sum(e["restarts"] for e in each),
-            "queue": queue,
-            "engines": each,
+        # Ready while some engine can serve; the rest of the snapshot is for the body only.
+        now = snapshot()
+        overall: dict[str, Any] = {
+            "state": now.state,
+            "restarts": now.restarts,
+            "queue": {"active": pool.active, "waiting": pool.waiting, "max_queue": pool.max_queue},
+            "engines": [reading.shown() for reading in now.engines],
         }
-        reasons = [e["reason"] for e in each if "reason" in e]
+        reasons = [reading.reason for reading in now.engines if reading.reason is not None]
         if reasons:
             overall["reason"] = reasons[0]
-        return ready, {"engine": overall}
+        return any(reading.state == EngineState.READY.value for reading in now.engines), {"engine": overall}
 
     app[READINESS] = engine_is_ready
     app.cleanup_ctx.append(_engines_ctx)
@@ -745,7 +289,7 @@ async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.st
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
-    print(banner(settings, plan), file=out, flush=True)
+    print(serve_banner(settings, plan), file=out, flush=True)
     announcing = asyncio.create_task(_announce_ready(app[SUPERVISORS], out))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
+from hypothesis import strategies as st
+
+from tests.support.conversations import anthropic_calls, assistant_calls, function_call, tool_result, tool_use
 
 Pairs = Sequence[tuple[Any, str]]
 
@@ -31,19 +34,10 @@ def chat(calls: Pairs, results: Pairs, question: str = "Look up A and B.") -> di
     return {
         "messages": [
             {"role": "user", "content": question},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": "lookup", "arguments": orjson.dumps({"key": key}).decode()},
-                    }
-                    for call_id, key in calls
-                ],
-            },
-            *({"role": "tool", "tool_call_id": call_id, "content": output} for call_id, output in results),
+            assistant_calls(
+                *(function_call(call_id, "lookup", orjson.dumps({"key": key}).decode()) for call_id, key in calls)
+            ),
+            *(tool_result(call_id, output) for call_id, output in results),
             {"role": "assistant", "content": "Done."},
         ],
         "tools": TOOLS,
@@ -56,13 +50,7 @@ def anthropic(calls: Pairs, results: Pairs) -> dict[str, Any]:
         "system": "You are a careful agent.",
         "messages": [
             {"role": "user", "content": "Look up the keys."},
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "text", "text": "Looking up."},
-                    *({"type": "tool_use", "id": i, "name": "lookup", "input": {"key": k}} for i, k in calls),
-                ],
-            },
+            anthropic_calls(*(tool_use(i, "lookup", {"key": k}) for i, k in calls), text="Looking up."),
             {
                 "role": "user",
                 "content": [{"type": "tool_result", "tool_use_id": i, "content": out} for i, out in results],
@@ -102,3 +90,13 @@ FORMS = {"chat": chat, "anthropic": anthropic, "responses": responses}
 def jsonl(records: Iterable[Any]) -> bytes:
     """Records as compact JSONL, the way orjson writes them."""
     return b"".join(orjson.dumps(record) + b"\n" for record in records)
+
+
+def arrived_in_any_order(calls: Sequence[tuple[str, str]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Records of any form with the first n of ``calls`` and their results in any order of arrival."""
+    return st.builds(
+        lambda form, arrival, n: FORMS[form](calls[:n], [(calls[i][0], str(i)) for i in arrival if i < n]),
+        st.sampled_from(sorted(FORMS)),
+        st.permutations(range(len(calls))),
+        st.integers(1, len(calls)),
+    )

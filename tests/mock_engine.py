@@ -104,6 +104,51 @@ def answers(text: str, piece: int = 7, finish: str = "stop", usage: Any = None) 
     return handler
 
 
+async def write_stream(request: web.Request, *pieces: bytes) -> web.StreamResponse:
+    """An event stream of ``pieces``, written one by one as they are, then a clean end."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for piece in pieces:
+        await response.write(piece)
+    await response.write_eof()
+    return response
+
+
+def streams(*pieces: bytes) -> Handler:
+    """Answer the next request with :func:`write_stream` of ``pieces``."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        return await write_stream(request, *pieces)
+
+    return handler
+
+
+def breaks_off(sent: bytes) -> Handler:
+    """Start a stream, send ``sent`` (usually ending mid-line), then drop the connection: an engine that dies."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sent)
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    return handler
+
+
+def never_answers(arrived: asyncio.Event | None = None, seconds: float = 30) -> Handler:
+    """Take the request and say nothing for ``seconds`` (longer than any test waits); set ``arrived`` first."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        if arrived is not None:
+            arrived.set()
+        await asyncio.sleep(seconds)
+        raise AssertionError("not reached")
+
+    return handler
+
+
 class MockEngine:
     """Records requests; answers from a script of handlers, then from defaults."""
 

@@ -9,7 +9,7 @@ input. Change the rules here and there together, or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from proxy._types import Messages
@@ -69,17 +69,21 @@ def _get(item: object, key: str) -> Any:
     return item.get(key) if isinstance(item, dict) else None
 
 
+def _assistant_turns(messages: Messages) -> Iterator[tuple[int, Any]]:
+    """Each assistant message and the index just after it, where a run of its results would start."""
+    for index, message in enumerate(messages):
+        if _get(message, "role") == "assistant":
+            yield index + 1, message
+
+
 def order_chat_results(messages: Messages) -> tuple[Messages, OrderReport]:
     tally = _Tally()
     result: Messages | None = None
-    index = 0
-    while index < len(messages):
-        message = messages[index]
-        index += 1
+    for start, message in _assistant_turns(messages):
         calls = _get(message, "tool_calls")
-        if _get(message, "role") != "assistant" or not isinstance(calls, list) or not calls:
+        if not isinstance(calls, list) or not calls:
             continue
-        start = index
+        index = start
         while index < len(messages) and _get(messages[index], "role") == "tool":
             index += 1
         if start == index:
@@ -96,12 +100,9 @@ def order_chat_results(messages: Messages) -> tuple[Messages, OrderReport]:
 def order_anthropic_results(messages: Messages) -> tuple[Messages, OrderReport]:
     tally = _Tally()
     result: Messages | None = None
-    index = 0
-    while index < len(messages):
-        message = messages[index]
-        index += 1
+    for index, message in _assistant_turns(messages):
         content = _get(message, "content")
-        if _get(message, "role") != "assistant" or not isinstance(content, list):
+        if not isinstance(content, list):
             continue
         call_ids = [_get(block, "id") for block in content if _get(block, "type") == "tool_use"]
         if not call_ids:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.cli import build_parser, load_proxy_settings, proxy_banner
+from proxy.banner import proxy_banner
+from proxy.cli import build_parser
+from proxy.cli.proxy import load_proxy_settings
 from proxy.config import ConfigError, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +119,7 @@ def test_engine_settings_from_a_file_are_checked_at_startup(tmp_path: Path, text
 def test_serve_engine_flags_use_llama_servers_names_and_beat_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.cli import build_parser, serve_settings
+    from proxy.cli.serve import serve_settings
 
     monkeypatch.setenv("TOOLPAIR_ENGINE_THREADS", "3")
     monkeypatch.setenv("TOOLPAIR_ENGINE_TENSOR_SPLIT", "1,1")

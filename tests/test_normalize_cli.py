@@ -23,6 +23,7 @@ from proxy.normalize.cli import NormalizeFailed, NormalizeJob, run_normalize
 from proxy.normalize.jsonl import _FileSlice, _slice_edits
 from tests.dataset_records import anthropic, chat, jsonl, responses, sharegpt
 from tests.real_engine import TEMPLATE, RealEngine
+from tests.support import memory
 
 ROOT = Path(__file__).resolve().parent.parent
 AB = [("call_a", "A"), ("call_b", "B")]
@@ -351,15 +352,8 @@ def test_a_reader_that_leaves_early_ends_the_run_quietly(tmp_path: Path) -> None
 
 def test_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
     def peak_rss_kb(path: Path) -> int:
-        script = (
-            "import resource, sys\n"
-            "from proxy.cli import main\n"
-            f"code = main(['normalize', {str(path)!r}, '-o', {str(tmp_path / 'out.jsonl')!r}])\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-            "sys.exit(code)\n"
-        )
-        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=120, check=True)
-        return int(done.stdout.split()[-1])
+        call = f"main(['normalize', {str(path)!r}, '-o', {str(tmp_path / 'out.jsonl')!r}])"
+        return memory.peak_rss_kb("from proxy.cli import main", call, timeout=120)
 
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     small.write_bytes(MIXED)

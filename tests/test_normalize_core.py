@@ -23,7 +23,7 @@ from proxy.normalize import (
     normalize_line,
     order_record,
 )
-from tests.dataset_records import FORMS, anthropic, chat, jsonl, responses, sharegpt
+from tests.dataset_records import FORMS, anthropic, arrived_in_any_order, chat, jsonl, responses, sharegpt
 
 CALLS = [("call_a", "A"), ("call_b", "B"), ("call_c", "C")]
 
@@ -221,12 +221,7 @@ def test_a_block_with_nothing_to_change_is_the_same_object() -> None:
 # --- properties ---------------------------------------------------------------
 
 _records = st.one_of(
-    st.builds(
-        lambda form, arrival, n: FORMS[form](CALLS[:n], [(CALLS[i][0], str(i)) for i in arrival if i < n]),
-        st.sampled_from(sorted(FORMS)),
-        st.permutations(range(3)),
-        st.integers(1, 3),
-    ),
+    arrived_in_any_order(CALLS),
     st.just(sharegpt()),
 )
 _lines = st.one_of(

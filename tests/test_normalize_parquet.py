@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from proxy.normalize import parquet
 from tests.dataset_records import TOOLS, anthropic, chat, responses, sharegpt
+from tests.support import memory
 
 ROOT = Path(__file__).resolve().parent.parent
 AB = [("call_a", "A"), ("call_b", "B")]
@@ -218,15 +219,8 @@ def test_memory_holds_one_row_group_not_the_file(tmp_path: Path) -> None:
         with pq.ParquetWriter(path, group.schema) as writer:
             for _ in range(groups):
                 writer.write_table(group)
-        script = (
-            "import resource, sys\n"
-            "from proxy.normalize.cli import main\n"
-            f"code = main([{str(path)!r}, '-o', {str(tmp_path / f'out{groups}.parquet')!r}])\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-            "sys.exit(code)\n"
-        )
-        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=300, check=True)
-        return int(done.stdout.split()[-1])
+        call = f"main([{str(path)!r}, '-o', {str(tmp_path / f'out{groups}.parquet')!r}])"
+        return memory.peak_rss_kb("from proxy.normalize.cli import main", call, timeout=300)
 
     # Measured: about 25 MB more for 24 row groups than for 2, and no more for 48 (the
     # allocator's pools fill once); a run that held the file would grow by over 110 MB.

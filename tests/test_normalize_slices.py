@@ -152,3 +152,31 @@ def test_a_worker_that_dies_is_one_clear_failure() -> None:
     with pytest.raises(NormalizeFailed, match="a worker process died; try fewer --workers"):  # noqa: SIM117
         with pool.worker_pool(1) as workers:
             workers.submit(os._exit, 3).result()
+
+
+def test_a_slice_where_most_lines_moved_comes_back_whole_and_lands_in_place(tmp_path: Path) -> None:
+    """Past ``JOIN_EDITS`` moved lines a worker sends its slice as one edit; file and stdin give the same."""
+    reversed_pair = orjson.dumps(chat(AB, [("call_b", "B"), ("call_a", "A")]))
+    rows = [reversed_pair if n % 5 else orjson.dumps(sharegpt(f"turn {n}")) for n in range(400)]
+    rows[7] = b'{"messages": [{"role": "tool", "tool_call_id": "x"'  # bad, with a marker
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\n".join(rows))  # no final newline
+    block = 40 * len(reversed_pair)  # about 40 lines a slice, more than JOIN_EDITS of them moved
+    assert block // len(reversed_pair) > jsonl.JOIN_EDITS
+    outputs = []
+    for workers in (1, 2):
+        out, report = tmp_path / f"out-{workers}.jsonl", tmp_path / f"report-{workers}.json"
+        with open(os.devnull, "w") as quiet:
+            run_normalize(
+                NormalizeJob(str(source), str(out), report=str(report), workers=workers, block_size=block),
+                stderr=quiet,
+            )
+        outputs.append((out.read_bytes(), json.loads(report.read_text())))
+    with open(source, "rb") as stdin, open(os.devnull, "w") as quiet:
+        piped = tmp_path / "out-stdin.jsonl"
+        run_normalize(NormalizeJob("-", str(piped), workers=2, block_size=block), stdin=stdin, stderr=quiet)
+    (one, one_report), (two, two_report) = outputs
+    assert one == two == piped.read_bytes() and one_report == two_report
+    assert one_report["records_changed"] == 319 and one_report["bad_line_numbers"] == [8]
+    expected = orjson.dumps(chat(AB, [("call_a", "A"), ("call_b", "B")]))
+    assert one.split(b"\n")[1] == expected and not one.endswith(b"\n")

@@ -28,13 +28,15 @@ from openai import AsyncOpenAI
 
 from engine_launcher.backends import Backend, Detection, EngineDevices, SystemProbes
 from engine_launcher.install import EngineRecord
-from engine_launcher.launch import free_port
+from engine_launcher.launch import engine_env, free_port
+from engine_launcher.memory import gib
 from engine_launcher.models import DEFAULT_MODEL, DEFAULT_TEMPLATE, GEMMA, bundled_model, default_model
-from proxy import serve
+from proxy import serve, serve_memory, serve_plan
+from proxy.banner import device_line, serve_banner
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.real_engine import RealEngine
-from tests.support.conversations import assistant_calls, tool_result, weather_call
+from tests.support.conversations import tool_result, weather_calls
 from tests.support.probes import FakeProbes
 from tests.support.serve import (
     alive,
@@ -148,9 +150,7 @@ async def test_chat_through_serve_non_stream_and_stream(served: Served) -> None:
     assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
 
 
-CALLS = assistant_calls(
-    weather_call("call_paris", "Paris", compact=False), weather_call("call_oslo", "Oslo", compact=False), content=""
-)
+CALLS = weather_calls(compact=False, content="")
 PARIS = tool_result("call_paris", "Paris: 18C and sunny")
 OSLO = tool_result("call_oslo", "Oslo: -3C and snowing")
 ASK = {"role": "user", "content": "What is the weather in Paris and in Oslo?"}
@@ -196,6 +196,16 @@ async def test_the_engine_sees_reversed_results_in_call_order(served: Served, re
     assert reversed_direct != ordered_direct
 
 
+async def long_stream(api: AsyncOpenAI, url: str, max_tokens: int) -> Any:
+    """A streamed story the model cannot end before ``max_tokens`` (:func:`long_bias`), once its first chunk is in:
+    the engine is busy with it from then on."""
+    stream = await api.chat.completions.create(
+        model="any", messages=STORY, temperature=0, max_tokens=max_tokens, logit_bias=await long_bias(url), stream=True
+    )
+    await stream.__anext__()
+    return stream
+
+
 async def stream_text(api: AsyncOpenAI, **kw: Any) -> tuple[str, str | None, int]:
     stream = await api.chat.completions.create(model="any", messages=STORY, temperature=0, stream=True, **kw)
     text, finish, pieces = "", None, 0
@@ -225,12 +235,8 @@ async def test_two_concurrent_streams_both_finish_uncut(served: Served) -> None:
 
 
 async def test_queue_full_gets_429_and_a_client_that_leaves_frees_its_place(served: Served) -> None:
-    bias = await long_bias(served.url)
     async with client(served.url) as api, aiohttp.ClientSession() as session:
-        running = await api.chat.completions.create(
-            model="any", messages=STORY, temperature=0, max_tokens=400, logit_bias=bias, stream=True
-        )
-        await running.__anext__()  # the engine is generating for this one
+        running = await long_stream(api, served.url, 400)  # the engine is generating for this one
         waiting = asyncio.create_task(
             api.chat.completions.create(model="any", messages=STORY, temperature=0, max_tokens=4)
         )
@@ -254,13 +260,9 @@ async def test_queue_full_gets_429_and_a_client_that_leaves_frees_its_place(serv
 
 
 async def test_a_killed_engine_gives_a_clean_error_and_comes_back(served: Served) -> None:
-    bias = await long_bias(served.url)
     engine = served.engine_pid()
     async with client(served.url) as api:
-        stream = await api.chat.completions.create(
-            model="any", messages=STORY, temperature=0, max_tokens=400, logit_bias=bias, stream=True
-        )
-        await stream.__anext__()
+        stream = await long_stream(api, served.url, 400)
         killed = time.monotonic()
         os.kill(engine, signal.SIGKILL)
         # The client is told the engine crashed, and how, not only that the connection broke.
@@ -285,13 +287,9 @@ async def test_a_killed_engine_gives_a_clean_error_and_comes_back(served: Served
 
 
 async def test_shutdown_lets_the_running_stream_finish_and_leaves_no_engine(served: Served) -> None:
-    bias = await long_bias(served.url)
     engine = served.engine_pid()
     async with client(served.url) as api:
-        stream = await api.chat.completions.create(
-            model="any", messages=STORY, temperature=0, max_tokens=24, logit_bias=bias, stream=True
-        )
-        await stream.__anext__()
+        stream = await long_stream(api, served.url, 24)
         served.process.send_signal(signal.SIGTERM)
         finish = None
         async for chunk in stream:
@@ -363,10 +361,10 @@ def record(backend: str) -> EngineRecord:
 
 
 def test_plan_for_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve, "available_memory", lambda: 16 << 30)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve_memory, "available_memory", lambda: 16 << 30)
     said = io.StringIO()
-    plan = serve.plan_serve(Settings(), out=said, check_machine=False)
+    plan = serve_plan.plan_serve(Settings(), out=said, check_machine=False)
     launch = plan.launch
     assert launch.model == default_model() and launch.chat_template == DEFAULT_MODEL.template
     assert "chat template: smollm2-tools.json (the default model's ChatML with tools)" in said.getvalue()
@@ -376,15 +374,15 @@ def test_plan_for_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plan.backend == "cpu" and plan.warnings == []
     assert plan.memory is not None and plan.memory.scores == 0 and plan.memory.total < 2 << 30
     assert plan.logprobs_cost == 8192 * 49152 * 4  # stated in the banner
-    assert serve.plan_serve(Settings(engine_ctx_size=4096), check_machine=False).launch.n_ctx == 4096
-    assert serve.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key
+    assert serve_plan.plan_serve(Settings(engine_ctx_size=4096), check_machine=False).launch.n_ctx == 4096
+    assert serve_plan.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key
 
 
 def test_plan_for_gemma_without_a_template_gives_gemmas_turn_format(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve, "available_memory", lambda: 16 << 30)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve_memory, "available_memory", lambda: 16 << 30)
     said = io.StringIO()
-    plan = serve.plan_serve(Settings(model=str(bundled_model())), out=said, check_machine=False)
+    plan = serve_plan.plan_serve(Settings(model=str(bundled_model())), out=said, check_machine=False)
     assert plan.launch.chat_template == GEMMA.template and plan.launch.n_ctx == 32768
     assert plan.template_text is not None and "<start_of_turn>" in plan.template_text
     assert (
@@ -394,16 +392,16 @@ def test_plan_for_gemma_without_a_template_gives_gemmas_turn_format(monkeypatch:
     assert plan.logprobs_cost == 32 << 30  # 32768 x 262144 x 4 bytes, stated in the banner
     # A template setting still wins.
     settings = Settings(model=str(bundled_model()), chat_template=str(DEFAULT_TEMPLATE))
-    chatml = serve.plan_serve(settings, out=io.StringIO(), check_machine=False)
+    chatml = serve_plan.plan_serve(settings, out=io.StringIO(), check_machine=False)
     assert chatml.launch.chat_template == DEFAULT_TEMPLATE
 
 
 def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve, "available_memory", lambda: 8 << 30)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve_memory, "available_memory", lambda: 8 << 30)
     # Logprobs at the full 32768 would need 32 GiB of logits alone.
     gemma = str(bundled_model())
-    plan = serve.plan_serve(Settings(model=gemma, engine_logprobs=True), check_machine=False)
+    plan = serve_plan.plan_serve(Settings(model=gemma, engine_logprobs=True), check_machine=False)
     launch, memory = plan.launch, plan.memory
     assert launch.logits_all and 4096 <= launch.n_ctx < 32768 and launch.n_ctx % 256 == 0
     assert memory is not None and memory.total <= 8 << 30 and memory.scores == launch.n_ctx * 262144 * 4
@@ -411,9 +409,10 @@ def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkey
     assert note.startswith(f"n_ctx {launch.n_ctx}, not 32768 (the model's training context): the engine would need")
     assert note.endswith("and this machine has 8.0 GiB available")
     # The same for an explicit --ctx-size; a machine that holds nothing gets a warning, not a guess.
-    assert serve.plan_serve(Settings(model=gemma, engine_ctx_size=65536), check_machine=False).launch.n_ctx <= 65536
-    monkeypatch.setattr(serve, "available_memory", lambda: 100 << 20)
-    assert "it may not start" in serve.plan_serve(Settings(model=gemma), check_machine=False).warnings[0]
+    larger = Settings(model=gemma, engine_ctx_size=65536)
+    assert serve_plan.plan_serve(larger, check_machine=False).launch.n_ctx <= 65536
+    monkeypatch.setattr(serve_memory, "available_memory", lambda: 100 << 20)
+    assert "it may not start" in serve_plan.plan_serve(Settings(model=gemma), check_machine=False).warnings[0]
 
 
 def test_the_memory_estimate_reads_the_models_shape() -> None:
@@ -431,51 +430,53 @@ def test_the_memory_estimate_reads_the_models_shape() -> None:
 
 
 def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
-    assert serve.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == -1
-    assert serve.plan_serve(Settings(engine_gpu_layers=12), check_machine=False).launch.n_gpu_layers == 12
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cuda"))
+    assert serve_plan.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == -1
+    assert serve_plan.plan_serve(Settings(engine_gpu_layers=12), check_machine=False).launch.n_gpu_layers == 12
 
 
 def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
-    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found"))
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cuda"))
     monkeypatch.setattr(
-        serve, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: A",))
+        serve_plan, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found")
     )
-    plan = serve.plan_serve(Settings())
+    monkeypatch.setattr(
+        serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: A",))
+    )
+    plan = serve_plan.plan_serve(Settings())
     assert plan.warnings == [
         "the engine is built for cuda, but this machine gets cpu (no GPU found); "
         "run `toolpair engine install --backend cpu`"
     ]
-    monkeypatch.setattr(serve, "read_record", lambda: None)
-    assert "its backend is unknown" in serve.plan_serve(Settings()).warnings[0]
+    monkeypatch.setattr(serve_plan, "read_record", lambda: None)
+    assert "its backend is unknown" in serve_plan.plan_serve(Settings()).warnings[0]
 
 
 def test_a_bad_template_or_backend_setting_is_refused(tmp_path: Path) -> None:
     template = tmp_path / "t.json"
     template.write_text("{}")
     with pytest.raises(ConfigError, match=r"tokenizer_config\.json-style object"):
-        serve.plan_serve(Settings(chat_template=str(template)), check_machine=False)
+        serve_plan.plan_serve(Settings(chat_template=str(template)), check_machine=False)
     with pytest.raises(ConfigError, match="unknown backend 'rocm'"):
-        serve.plan_serve(Settings(engine_backend="rocm"), check_machine=False)
+        serve_plan.plan_serve(Settings(engine_backend="rocm"), check_machine=False)
     with pytest.raises(ConfigError, match="max_concurrency must be at least 1"):
-        serve.plan_serve(Settings(max_concurrency=0), check_machine=False)
+        serve_plan.plan_serve(Settings(max_concurrency=0), check_machine=False)
     with pytest.raises(ConfigError, match="max_queue must be at least 0"):
-        serve.plan_serve(Settings(max_queue=-1), check_machine=False)
+        serve_plan.plan_serve(Settings(max_queue=-1), check_machine=False)
 
 
 def test_a_template_file_of_named_templates_gives_the_tool_use_ones_call_format(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The engine renders the file's tool_use template, so that one names the format, not the default.
-    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
     template = tmp_path / "tokenizer_config.json"
     named = [
         {"name": "default", "template": "{{ messages[0].content }}"},
         {"name": "tool_use", "template": "{{ '<tool_call>' }}{{ messages[0].content }}"},
     ]
     template.write_text(json.dumps({"chat_template": named}))
-    plan = serve.plan_serve(Settings(chat_template=str(template)), out=io.StringIO(), check_machine=False)
+    plan = serve_plan.plan_serve(Settings(chat_template=str(template)), out=io.StringIO(), check_machine=False)
     assert plan.template_text == named[1]["template"]
     assert serve.managed_settings(Settings(), plan).tool_call_format == "hermes"
 
@@ -487,8 +488,8 @@ def test_engine_detect_says_what_this_machine_gets(capsys: pytest.CaptureFixture
 
 
 def test_managed_settings_follow_the_engine_and_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
-    plan = serve.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
+    plan = serve_plan.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
     assert plan.template_text is not None and "<tool_call>" in plan.template_text
     managed = serve.managed_settings(Settings(), plan)
     assert managed.engine_kind == "llama-cpp-python"
@@ -506,7 +507,7 @@ def test_a_cuda_build_without_a_driver_stops_serve_in_one_line_saying_what_to_do
     """This machine has no NVIDIA driver: what serve says on a CUDA build (scripts/cuda_build_check.sh, for real)."""
     if SystemProbes().run(["nvidia-smi", "-L"]):
         pytest.skip("this machine has an NVIDIA driver")
-    monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cuda"))
     assert main(["serve", "--port", str(free_port())]) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("toolpair:")]
     assert said == [
@@ -516,55 +517,54 @@ def test_a_cuda_build_without_a_driver_stops_serve_in_one_line_saying_what_to_do
 
 
 def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: record("vulkan"))
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("vulkan"))
     software = EngineDevices(("llvmpipe (LLVM 15.0.6, 256 bits)",), {"GGML_VK_VISIBLE_DEVICES": "0"}, "software")
-    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes, cmake_args=(): software)
+    monkeypatch.setattr(serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): software)
     gemma = str(bundled_model())
-    plan = serve.plan_serve(Settings(model=gemma), out=io.StringIO())
+    plan = serve_plan.plan_serve(Settings(model=gemma), out=io.StringIO())
     assert plan.launch.n_gpu_layers == -1 and plan.launch.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
-    assert serve.engine_env(plan.launch, {})["GGML_VK_VISIBLE_DEVICES"] == "0"
-    line = next(x for x in serve.banner(Settings(), plan).splitlines() if x.strip().startswith("device:"))
+    assert engine_env(plan.launch, {})["GGML_VK_VISIBLE_DEVICES"] == "0"
+    line = next(x for x in serve_banner(Settings(), plan).splitlines() if x.strip().startswith("device:"))
     assert line.startswith(
         "  device:         llvmpipe (LLVM 15.0.6, 256 bits) (software): all 18 layers and the output"
     )
     assert (
-        plan.memory is not None
-        and f"~{serve.gib(plan.memory.weights + plan.memory.kv_cache + plan.memory.compute)}" in line
+        plan.memory is not None and f"~{gib(plan.memory.weights + plan.memory.kv_cache + plan.memory.compute)}" in line
     )
-    partial = serve.plan_serve(Settings(model=gemma, engine_gpu_layers=10), out=io.StringIO())
-    assert "10 of 19 layers (-ngl 10)" in (serve.device_line(partial) or "")
+    partial = serve_plan.plan_serve(Settings(model=gemma, engine_gpu_layers=10), out=io.StringIO())
+    assert "10 of 19 layers (-ngl 10)" in (device_line(partial) or "")
     # A CUDA build's run-time libraries from PyPI reach the engine too.
     pypi = dataclasses.replace(record("cuda"), run_env={"LD_LIBRARY_PATH": "/kit/lib"})
-    monkeypatch.setattr(serve, "read_record", lambda: pypi)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: pypi)
     monkeypatch.setattr(
-        serve, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: NVIDIA H200",))
+        serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: NVIDIA H200",))
     )
-    cuda = serve.plan_serve(Settings(), out=io.StringIO())
-    assert serve.engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
+    cuda = serve_plan.plan_serve(Settings(), out=io.StringIO())
+    assert engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
 
 
 def test_an_engine_built_for_a_cpu_with_more_instruction_sets_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512bw", "avx512f", "fma"])
-    monkeypatch.setattr(serve, "read_record", lambda: built_on_avx512)
-    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU"))
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))
+    monkeypatch.setattr(serve_plan, "read_record", lambda: built_on_avx512)
+    monkeypatch.setattr(serve_plan, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU"))
+    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))
     with pytest.raises(ConfigError) as refused:
-        serve.plan_serve(Settings())
+        serve_plan.plan_serve(Settings())
     assert str(refused.value).startswith("the engine was built for another CPU: this one lacks avx512bw, avx512f,")
     assert "toolpair engine install" in str(refused.value)
     # The same CPU or a larger one runs it; so does any CPU when the check is off (a plan made for elsewhere).
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}))
-    assert serve.plan_serve(Settings()).backend == "cpu"
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2"}))
-    assert serve.plan_serve(Settings(), check_machine=False).backend == "cpu"
+    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}))
+    assert serve_plan.plan_serve(Settings()).backend == "cpu"
+    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert serve_plan.plan_serve(Settings(), check_machine=False).backend == "cpu"
 
 
 def test_serve_on_a_cpu_without_the_builds_instruction_sets_exits_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512f"])
-    monkeypatch.setattr(serve, "read_record", lambda: built_on_avx512)
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(serve_plan, "read_record", lambda: built_on_avx512)
+    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert main(["serve", "--port", str(free_port())]) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert said[-1].startswith("toolpair: the engine was built for another CPU: this one lacks avx512f,")
@@ -576,11 +576,11 @@ def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
 ) -> None:
     """Detection, the devices check and the memory plan read one query (each run takes seconds on a cold GPU)."""
     monkeypatch.setattr(
-        serve, "read_record", lambda: dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on"])
+        serve_plan, "read_record", lambda: dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on"])
     )
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0, 1024\n"})
-    monkeypatch.setattr(serve, "SystemProbes", lambda timeout: h200)
-    plan = serve.plan_serve(Settings(), out=io.StringIO())
+    monkeypatch.setattr(serve_plan, "SystemProbes", lambda timeout: h200)
+    plan = serve_plan.plan_serve(Settings(), out=io.StringIO())
     assert [argv[0] for argv in h200.ran].count("nvidia-smi") == 1
     assert plan.memory_budget == 1024 * 1024 * 1024  # the GPU's free MiB, not the machine's RAM
 
@@ -588,16 +588,18 @@ def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
 def test_a_cuda_build_for_another_gpu_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp would load it, then stop at its first kernel: "no kernel image is available"."""
     ampere = dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"])
-    monkeypatch.setattr(serve, "read_record", lambda: ampere)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: ampere)
     h200 = "0, NVIDIA H200, GPU-1, 9.0\n"
-    monkeypatch.setattr(serve, "SystemProbes", lambda timeout: FakeProbes({"nvidia-smi --query-gpu": h200}))
-    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CUDA, "nvidia-smi"))
+    monkeypatch.setattr(serve_plan, "SystemProbes", lambda timeout: FakeProbes({"nvidia-smi --query-gpu": h200}))
+    monkeypatch.setattr(
+        serve_plan, "detect_backend", lambda env, probes, explicit: Detection(Backend.CUDA, "nvidia-smi")
+    )
     with pytest.raises(ConfigError) as refused:
-        serve.plan_serve(Settings(), out=io.StringIO())
+        serve_plan.plan_serve(Settings(), out=io.StringIO())
     assert str(refused.value) == (
         "the engine was built for CUDA architectures 86-real, which GPU 0 (NVIDIA H200, compute "
         "capability 9.0) cannot run: run `toolpair engine install` to build it for this machine's GPUs"
     )
     hopper = dataclasses.replace(ampere, cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"])
-    monkeypatch.setattr(serve, "read_record", lambda: hopper)
-    assert serve.plan_serve(Settings(), out=io.StringIO()).launch.n_gpu_layers == -1
+    monkeypatch.setattr(serve_plan, "read_record", lambda: hopper)
+    assert serve_plan.plan_serve(Settings(), out=io.StringIO()).launch.n_gpu_layers == -1

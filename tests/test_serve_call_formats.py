@@ -24,14 +24,14 @@ from engine_launcher.template_check import TOOL, WRITTEN_TOOLS, WrittenTurn, tem
 from tests.engine.test_toolcalls_deepseek import V31, v31_reply
 from tests.engine.test_toolcalls_harmony import GPT_OSS, gpt_oss_reply
 from tests.support.serve import client, start_serve
-from tests.support.template_replies import rendered_reply, template_text
+from tests.support.template_replies import reply_after_prompt, template_text
 
 KIMI_K2 = "Kimi-K2-Instruct"
 FAMILIES = {
     GPT_OSS: ("<|startoftext|>", "<|return|>", gpt_oss_reply),
     V31: ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", v31_reply),
     # Kimi-K2-Instruct's template changes its own lists: it renders only in toolpair's sandbox
-    KIMI_K2: ("[BOS]", "<|im_end|>", lambda: rendered_reply(KIMI_K2, "<|im_end|>")),
+    KIMI_K2: ("[BOS]", "<|im_end|>", lambda: reply_after_prompt(KIMI_K2, "<|im_end|>")),
 }
 CITIES = [{"city": "Paris"}, {"city": "Tokyo"}]
 QUESTION = [{"role": "user", "content": "What is the temperature in Paris and Tokyo?"}]

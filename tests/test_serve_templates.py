@@ -24,6 +24,7 @@ from anthropic import AsyncAnthropic
 from engine_launcher.models import DEFAULT_TEMPLATE
 from engine_launcher.template_check import TOOL
 from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
+from tests.support.conversations import parallel_weather
 from tests.support.serve import client, start_serve
 from tests.support.survey import survey
 
@@ -77,12 +78,12 @@ def test_objects_first_and_the_clients_strings_where_a_template_fails_on_objects
 # --- a real serve with a real model's template ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def qwen3_coder_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("qwen3-coder-template")
-    text = (Path(survey.fetch_templates()) / "Qwen3-Coder.jinja").read_text()
+@contextmanager
+def served_with_template(tmp: Path, name: str, *, bos: str, eos: str) -> Iterator[str]:
+    """``toolpair serve`` with llama.cpp's template ``name`` as its ``--chat-template-file``; stopped at the end."""
+    text = (Path(survey.fetch_templates()) / f"{name}.jinja").read_text()
     config = tmp / "tokenizer_config.json"
-    config.write_text(json.dumps({"chat_template": text, "bos_token": "", "eos_token": "<|im_end|>"}))
+    config.write_text(json.dumps({"chat_template": text, "bos_token": bos, "eos_token": eos}))
     process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
     try:
         yield url
@@ -90,6 +91,22 @@ def qwen3_coder_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         process.send_signal(signal.SIGTERM)
         process.wait(60)
         assert "Traceback" not in err.read_text()
+
+
+def served_with(name: str, tokens: tuple[str, str], why: str) -> Any:
+    """A module fixture (named by the variable that holds it): the URL of :func:`served_with_template` for template
+    ``name`` with its (BOS, EOS) ``tokens``; ``why`` is the fixture's docstring."""
+
+    def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+        bos, eos = tokens
+        with served_with_template(tmp_path_factory.mktemp("template"), name, bos=bos, eos=eos) as url:
+            yield url
+
+    served.__doc__ = why
+    return pytest.fixture(scope="module")(served)
+
+
+qwen3_coder_served = served_with("Qwen3-Coder", ("", "<|im_end|>"), "Qwen3-Coder's template walks the arguments.")
 
 
 ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}
@@ -112,23 +129,9 @@ ANTHROPIC_HISTORY: list[Any] = [
 ]
 
 
-def weather_results_in_finish_order() -> list[Any]:
-    """Two calls of one tool, and their results in the order they finished (Oslo's first)."""
-    return [
-        {"role": "user", "content": "Weather in Paris and Oslo?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [_call("call_paris", '{"city": "Paris"}'), _call("call_oslo", '{"city": "Oslo"}')],
-        },
-        {"role": "tool", "tool_call_id": "call_oslo", "content": "Oslo: -3C"},
-        {"role": "tool", "tool_call_id": "call_paris", "content": "Paris: 18C"},
-    ]
-
-
 async def test_a_template_that_walks_the_arguments_serves_chat_tool_results(qwen3_coder_served: str) -> None:
     """Two calls of one tool, results in finish order: the main case, on a template that needs objects."""
-    messages = weather_results_in_finish_order()
+    messages = parallel_weather("Paris: 18C", "Oslo: -3C", compact=False)
     async with client(qwen3_coder_served) as api:
         for stream in (False, True):
             if stream:
@@ -209,31 +212,14 @@ def test_a_template_file_without_special_tokens_still_answers(tmp_path: Path) ->
     assert answer.choices[0].message.content
 
 
-@contextmanager
-def served_with_template(tmp: Path, name: str, *, bos: str, eos: str) -> Iterator[str]:
-    """``toolpair serve`` with llama.cpp's template ``name`` as its ``--chat-template-file``; stopped at the end."""
-    text = (Path(survey.fetch_templates()) / f"{name}.jinja").read_text()
-    config = tmp / "tokenizer_config.json"
-    config.write_text(json.dumps({"chat_template": text, "bos_token": bos, "eos_token": eos}))
-    process, url, _, err = start_serve(tmp, "--ctx-size", "2048", "--chat-template-file", str(config))
-    try:
-        yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
-        assert "Traceback" not in err.read_text()
-
-
 # --- a template that demands its own tool-call IDs ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mistral_nemo_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Mistral Nemo's template refuses any tool-call ID that is not nine alphanumerics."""
-    with served_with_template(
-        tmp_path_factory.mktemp("mistral-nemo-template"), "mistralai-Mistral-Nemo-Instruct-2407", bos="<s>", eos="</s>"
-    ) as url:
-        yield url
+mistral_nemo_served = served_with(
+    "mistralai-Mistral-Nemo-Instruct-2407",
+    ("<s>", "</s>"),
+    "Mistral Nemo's template refuses any tool-call ID that is not nine alphanumerics.",
+)
 
 
 async def test_mistral_nemo_answers_a_claude_code_history_with_toolu_ids(mistral_nemo_served: str) -> None:
@@ -248,7 +234,7 @@ async def test_mistral_nemo_answers_a_claude_code_history_with_toolu_ids(mistral
 
 
 async def test_mistral_nemo_answers_chat_tool_results_with_openai_ids(mistral_nemo_served: str) -> None:
-    messages = weather_results_in_finish_order()
+    messages = parallel_weather("Paris: 18C", "Oslo: -3C", compact=False)
     async with client(mistral_nemo_served) as api:
         done = await api.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=8)
     assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
@@ -262,13 +248,11 @@ def exact_text_grammar(text: str) -> str:
     return "root ::= " + json.dumps(text)
 
 
-@pytest.fixture(scope="module")
-def qwen35_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Qwen3.5's prompt block holds both an opened and a closed <think>; with thinking on it opens."""
-    with served_with_template(
-        tmp_path_factory.mktemp("qwen3.5-template"), "Qwen3.5-4B", bos="", eos="<|im_end|>"
-    ) as url:
-        yield url
+qwen35_served = served_with(
+    "Qwen3.5-4B",
+    ("", "<|im_end|>"),
+    "Qwen3.5's prompt block holds both an opened and a closed <think>; with thinking on it opens.",
+)
 
 
 QWEN35_REPLY = "Paris is warmer.\n</think>\n\nIt is sunny in Paris."
@@ -312,13 +296,11 @@ async def test_qwen35_reasoning_opened_by_its_prompt_goes_to_the_reasoning_field
 # --- the thinking switch reaches a template that reads it -------------------------------------
 
 
-@pytest.fixture(scope="module")
-def qwen3_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """serve with Qwen3's own template: ``enable_thinking`` false adds an empty think block to the prompt."""
-    with served_with_template(
-        tmp_path_factory.mktemp("qwen3-template"), "Qwen-Qwen3-0.6B", bos="", eos="<|im_end|>"
-    ) as url:
-        yield url
+qwen3_served = served_with(
+    "Qwen-Qwen3-0.6B",
+    ("", "<|im_end|>"),
+    "serve with Qwen3's own template: ``enable_thinking`` false adds an empty think block to the prompt.",
+)
 
 
 async def test_anthropic_thinking_turns_the_templates_switch_and_count_tokens_follows(qwen3_served: str) -> None:

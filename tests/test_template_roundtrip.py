@@ -28,8 +28,16 @@ from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from bench import template_survey as survey
-from engine_launcher.template_check import WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
+from engine_launcher.template_check import (
+    WRITTEN_ANSWER,
+    WRITTEN_TOOLS,
+    WrittenTurn,
+    template_from_file_text,
+    written_answer,
+    written_turn,
+)
 from proxy import cli
+from proxy.cli.proxy import load_proxy_settings, resolve_proxy_settings
 from proxy.config import Settings
 from tests.mock_engine import MockEngine, answers
 from tests.support.proxies import MakeProxy
@@ -121,7 +129,7 @@ def proxy_settings(upstream: str, template: Path, kind: str = "llama-cpp-python"
     args = cli.build_parser().parse_args(
         ["proxy", "--upstream", upstream, "--engine-kind", kind, "--chat-template-file", str(template)]
     )
-    settings, _ = cli.resolve_proxy_settings(cli.load_proxy_settings(args))
+    settings, _ = resolve_proxy_settings(load_proxy_settings(args))
     return settings
 
 
@@ -166,6 +174,44 @@ async def test_each_template_s_own_calls_come_back_as_calls(
     started = sorted(set(UNREAD) - set(unread))
     stopped = {name: unread[name] for name in sorted(set(unread) - set(UNREAD))}
     assert not started and not stopped, f"{count}; now read back, take off UNREAD: {started}; no longer: {stopped}"
+
+
+async def chat_without_tools(url: str) -> Reply:
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as client:
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}])
+    message = reply.choices[0].message
+    return Reply([(c.function.name, c.function.arguments) for c in message.tool_calls or []], message.content or "")  # type: ignore[union-attr]
+
+
+WRAPPED_ANSWERS = {
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "<|END_OF_TURN_TOKEN|>",
+    "Cohere2MoE": "<|END_OF_TURN_TOKEN|>",
+    "upstage-Solar-Open-100B": "<|end|>",
+    "Kimi-K3": "<|end_of_msg|>",
+    "meetkai-functionary-medium-v3.2": "<|eot_id|>",
+}
+"""Templates whose model writes tokens around a plain answer, and the end-of-turn token its engine stops at."""
+
+
+@pytest.mark.parametrize("name", WRAPPED_ANSWERS)
+async def test_a_plain_answer_comes_back_without_its_familys_tokens(
+    name: str, templates: Path, engine: MockEngine, make_proxy: MakeProxy
+) -> None:
+    written = written_answer(template_from_file_text((templates / f"{name}.jinja").read_text(encoding="utf-8")))
+    assert written is not None
+    answer, closing = written
+    text = answer + closing[: closing.index(WRAPPED_ANSWERS[name])]
+    assert text.strip() != WRITTEN_ANSWER  # tokens around it, which a client must not see
+    settings = proxy_settings(engine.url, templates / f"{name}.jinja")
+    urls = [await make_proxy(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)})]
+    # auto, as a sidecar without the template, drops the tokens too; it cannot know a reasoning block the
+    # prompt opened, nor Functionary's all\n, which is no token.
+    if not settings.think_in_prompt and name != "meetkai-functionary-medium-v3.2":
+        urls.append(await make_proxy(engine_kind="llama-cpp-python"))
+    for url in urls:
+        for path in (*PATHS.values(), chat_without_tools):
+            engine.then(answers(text))
+            assert await path(url) == Reply([], WRITTEN_ANSWER), (path.__name__, text, url)
 
 
 async def test_without_a_template_auto_reads_llama3_bare_json_call(engine: MockEngine, make_proxy: MakeProxy) -> None:

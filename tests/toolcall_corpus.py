@@ -44,6 +44,11 @@ class Case:
     """IDs the format fixes (None: generated ones are checked for their shape)."""
 
 
+def stays_text(case_id: str, text: str, options: dict[str, Any]) -> Case:
+    """A malformed block: all of ``text`` stays content, and it counts once as malformed."""
+    return Case(case_id, text, options, content=text, malformed=1)
+
+
 def hermes(**extra: Any) -> dict[str, Any]:
     return {"calls": "hermes", "tools": TOOLS, **extra}
 
@@ -88,19 +93,15 @@ CASES: list[Case] = [
     Case("hermes-plain-text", "Paris is sunny today, 21°C.", hermes(), content="Paris is sunny today, 21°C."),
     Case("hermes-near-markers", "Use <tool> tags, or <tool_calls>, then stop at <tool_", hermes(),
          content="Use <tool> tags, or <tool_calls>, then stop at <tool_"),
-    Case("hermes-malformed-json", '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>',
-         hermes(), content='<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>', malformed=1),
-    Case("hermes-malformed-not-an-object", 'Try:\n<tool_call>\n["get_weather", "Paris"]\n</tool_call>', hermes(),
-         content='Try:\n<tool_call>\n["get_weather", "Paris"]\n</tool_call>', malformed=1),
-    Case("hermes-malformed-no-name", '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', hermes(),
-         content='<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', malformed=1),
-    Case("hermes-malformed-cut-off", 'Checking.\n<tool_call>\n{"name": "get_weather", "argu', hermes(),
-         content='Checking.\n<tool_call>\n{"name": "get_weather", "argu', malformed=1),
+    stays_text("hermes-malformed-json",
+               '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>', hermes()),
+    stays_text("hermes-malformed-not-an-object", 'Try:\n<tool_call>\n["get_weather", "Paris"]\n</tool_call>', hermes()),
+    stays_text("hermes-malformed-no-name", '<tool_call>{"arguments": {"city": "Paris"}}</tool_call>', hermes()),
+    stays_text("hermes-malformed-cut-off", 'Checking.\n<tool_call>\n{"name": "get_weather", "argu', hermes()),
     Case("hermes-good-then-malformed", H_PARIS + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": 1,}}',
          hermes(), calls=[PARIS], content='<tool_call>\n{"name": "get_weather", "arguments": {"city": 1,}}',
          malformed=1),
-    Case("hermes-nan-is-not-json", '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', hermes(),
-         content='<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', malformed=1),
+    stays_text("hermes-nan-is-not-json", '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>', hermes()),
     Case("hermes-parallel-off", H_PARIS + "\n" + H_OSLO, hermes(parallel=False), calls=[PARIS]),
     Case("hermes-qwen3-thinking", "<think>\nThe user wants the weather.\n</think>\n\n" + H_PARIS,
          hermes(reasoning=True), reasoning="The user wants the weather.\n", calls=[PARIS]),
@@ -132,12 +133,9 @@ CASES: list[Case] = [
     Case("coder-unknown-tool-keeps-text-values",
          "<tool_call><function=other><parameter=n>5</parameter></function></tool_call>",
          coder(), calls=[("other", {"n": "5"})]),
-    Case("coder-malformed-cut-off", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", coder(),
-         content="<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", malformed=1),
-    Case("coder-malformed-tag", "<tool_call>\n<func name=get_weather>\n</tool_call>", coder(),
-         content="<tool_call>\n<func name=get_weather>\n</tool_call>", malformed=1),
-    Case("coder-malformed-name", "<tool_call>\n<function=get\nweather>\n</function></tool_call>", coder(),
-         content="<tool_call>\n<function=get\nweather>\n</function></tool_call>", malformed=1),
+    stays_text("coder-malformed-cut-off", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", coder()),
+    stays_text("coder-malformed-tag", "<tool_call>\n<func name=get_weather>\n</tool_call>", coder()),
+    stays_text("coder-malformed-name", "<tool_call>\n<function=get\nweather>\n</function></tool_call>", coder()),
     Case("coder-hermes-json-also-read", H_PARIS, coder(), calls=[PARIS]),
     # Mistral: [TOOL_CALLS][{"name", "arguments"}, ...] and [TOOL_CALLS]name[ARGS]{...}, 9-character IDs
     Case("mistral-list",
@@ -159,13 +157,12 @@ CASES: list[Case] = [
          calls=[PARIS]),
     Case("mistral-bare-list-not-calls", '[{"name": "Ada", "arguments": {"age": 36}}] is the answer.', mistral(),
          content='[{"name": "Ada", "arguments": {"age": 36}}] is the answer.'),
-    Case("mistral-malformed-cut-off", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', mistral(),
-         content='[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', malformed=1),
+    stays_text("mistral-malformed-cut-off",
+               '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', mistral()),
     Case("mistral-malformed-second",
          '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, 42]',
          mistral(), calls=[PARIS], content=", 42]", malformed=1),
-    Case("mistral-malformed-v11", "[TOOL_CALLS]get_weather[ARGS]city=Paris", mistral(),
-         content="[TOOL_CALLS]get_weather[ARGS]city=Paris", malformed=1),
+    stays_text("mistral-malformed-v11", "[TOOL_CALLS]get_weather[ARGS]city=Paris", mistral()),
     # Llama 3.x: {"name", "parameters"} and <|python_tag|>
     Case("llama3-json", '{"name": "get_weather", "parameters": {"city": "Paris"}}', llama3(), calls=[PARIS]),
     Case("llama3-json-two", '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
@@ -182,10 +179,9 @@ CASES: list[Case] = [
          llama3(), calls=[("brave_search", {"query": "weather in Paris"})]),
     Case("llama3-python-tag-then-text", '<|python_tag|>{"name": "get_time", "parameters": {}}\nDone.', llama3(),
          calls=[("get_time", {})], content="Done."),
-    Case("llama3-malformed-python", '<|python_tag|>print("hi")', llama3(),
-         content='<|python_tag|>print("hi")', malformed=1),
-    Case("llama3-malformed-json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": Paris}}', llama3(),
-         content='<|python_tag|>{"name": "get_weather", "parameters": {"city": Paris}}', malformed=1),
+    stays_text("llama3-malformed-python", '<|python_tag|>print("hi")', llama3()),
+    stays_text("llama3-malformed-json",
+               '<|python_tag|>{"name": "get_weather", "parameters": {"city": Paris}}', llama3()),
     # auto: every marked form
     Case("auto-hermes", H_PARIS, {"calls": "auto", "tools": TOOLS}, calls=[PARIS]),
     Case("auto-mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]', {"calls": "auto", "tools": TOOLS},

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -78,10 +79,26 @@ goes. It raises a ToolpairError to refuse a request. Called with the request's c
 ``serve --parallel``'s), or None for the app's upstream."""
 
 
-@asynccontextmanager
-async def admit_all(request: web.Request, conversation: str | None = None) -> AsyncIterator[EngineTarget | None]:
+class _Straight:
+    """Admission that waits for nothing and holds nothing: no state, so one instance serves every request."""
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> EngineTarget | None:
+        return None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+_STRAIGHT = _Straight()
+
+
+def admit_all(
+    request: web.Request, conversation: str | None = None
+) -> AbstractAsyncContextManager[EngineTarget | None]:
     """The sidecar default: every request goes straight to the engine."""
-    yield None
+    return _STRAIGHT
 
 
 def prepare_chat_body(body: Body) -> tuple[Body, OrderReport]:
@@ -257,8 +274,7 @@ class EngineClient:
         """What decides each request's model name now (the watch owns it: the engine's list may change)."""
         return self.engine.model_names
 
-    @asynccontextmanager
-    async def admitted(self, request: web.Request, chat: Body | None = None) -> AsyncIterator[EngineCall]:
+    def admitted(self, request: web.Request, chat: Body | None = None) -> AbstractAsyncContextManager[EngineCall]:
         """The one place a request enters admission; the engine is this request's until the block ends.
 
         ``chat`` is the Chat body about to be sent, when there is one: its conversation key lets
@@ -266,8 +282,31 @@ class EngineClient:
         prompt cache still hold the prefix).
         """
         conversation = conversation_key(chat.get("messages")) if self._affinity and chat is not None else None
-        async with self._admission(request, conversation) as target:
-            yield EngineCall(self.upstream.at(target), self.setup)
+        return _Admitted(self, self._admission(request, conversation))
+
+
+class _Admitted:
+    """The block of :meth:`EngineClient.admitted`: the admission held, an :class:`EngineCall` to use inside.
+
+    A class rather than a generator-based context manager: entered on every request, where the
+    generator's machinery costs more than the delegation it does.
+    """
+
+    __slots__ = ("_admission", "_client")
+
+    def __init__(self, client: EngineClient, admission: AbstractAsyncContextManager[EngineTarget | None]) -> None:
+        self._client = client
+        self._admission = admission
+
+    async def __aenter__(self) -> EngineCall:
+        target = await self._admission.__aenter__()
+        client = self._client
+        return EngineCall(client.upstream.at(target), client.setup)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._admission.__aexit__(exc_type, exc, tb)
 
 
 @dataclass

@@ -19,9 +19,11 @@ from proxy.config import ConfigError, Settings
 from proxy.engine.call_ids import ANY, CALL_ID_FORMS, template_call_id_form
 from proxy.engine.kinds import EngineKind, EngineProfile, engine_profile
 from proxy.engine.toolcalls import (
+    CONTENT_WRAPPERS,
     DEFAULT_REASONING_MARKERS,
     FORMATS,
     MESSAGE_DIALECTS,
+    OPENED_BY_PROMPT,
     ExtractOptions,
     detect_tool_call_format,
     template_reasoning,
@@ -190,7 +192,7 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
         return None  # the generic kind's path: no look at the tools
     tools = _function_tools(body) if reads_calls and body.get("tool_choice") != "none" else {}
     options = ExtractOptions(
-        calls=fmt if tools else None,
+        calls=fmt if tools or (reads_calls and fmt in OPENED_BY_PROMPT) else None,
         reasoning=reasoning,
         think_open=setup.think_open(body.get("chat_template_kwargs")),
         think_markers=setup.think_markers,
@@ -198,6 +200,7 @@ def reply_plan(body: Body, setup: EngineSetup) -> ReplyPlan | None:
         tools=tools,
         harmony=fmt in MESSAGE_DIALECTS,
         dialect=fmt if fmt in MESSAGE_DIALECTS else "harmony",
+        wrappers=CONTENT_WRAPPERS.get(fmt, ()) if reads_calls else (),
     )
     if not options.active and not usage:
         return None

@@ -35,8 +35,8 @@ import itertools
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,10 +343,10 @@ class EnginePool:
     def __call__(
         self, request: web.Request, conversation: str | None = None
     ) -> AbstractAsyncContextManager[EngineTarget | None]:
-        return self._admit(conversation)
+        return _Admitted(self, conversation)
 
-    @asynccontextmanager
-    async def _admit(self, conversation: str | None) -> AsyncIterator[EngineTarget | None]:
+    async def _enter(self, conversation: str | None) -> tuple[str, float]:
+        """Wait for a place and a ready engine: its name, held until :meth:`_leave`, and when it was taken."""
         if self.active + self._pending >= self.schedule.capacity + self.max_queue:
             raise QueueFullError(
                 f"the engine is busy and its queue is full ({self.max_queue} waiting); retry later",
@@ -363,13 +363,17 @@ class EnginePool:
             if trace is not None:
                 trace.queued(time.monotonic() - arrived)
         held = time.monotonic()
-        engine = self.engines[name]
         try:
-            await self._wait_ready(engine.ready())
-            yield engine.target
-        finally:
-            self._mean_hold = 0.8 * self._mean_hold + 0.2 * (time.monotonic() - held)
-            self._release(name)
+            await self._wait_ready(self.engines[name].ready())
+        except BaseException:
+            self._leave(name, held)
+            raise
+        return name, held
+
+    def _leave(self, name: str, held: float) -> None:
+        """Give engine ``name`` back; ``held`` is when the request got it."""
+        self._mean_hold = 0.8 * self._mean_hold + 0.2 * (time.monotonic() - held)
+        self._release(name)
 
     async def _wait_any_ready(self) -> None:
         """Return once some engine is ready; 503 when none is within ``ready_timeout``, or none can be."""
@@ -430,6 +434,30 @@ class EnginePool:
 
     def _release(self, name: str) -> None:
         self._hand_out(self.schedule.release(name))
+
+
+class _Admitted:
+    """One request's hold on an engine of ``pool``, from admission to the end of its block.
+
+    A class rather than a generator-based context manager: entered on every request, where the
+    generator's machinery costs more than the bookkeeping it wraps.
+    """
+
+    __slots__ = ("_conversation", "_held", "_name", "_pool")
+
+    def __init__(self, pool: EnginePool, conversation: str | None) -> None:
+        self._pool = pool
+        self._conversation = conversation
+        self._name = ""
+        self._held = 0.0
+
+    async def __aenter__(self) -> EngineTarget | None:
+        pool = self._pool
+        self._name, self._held = await pool._enter(self._conversation)
+        return pool.engines[self._name].target
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._pool._leave(self._name, self._held)
 
 
 def _collect(task: asyncio.Future[None]) -> None:

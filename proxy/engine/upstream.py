@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import aiohttp
@@ -156,25 +156,15 @@ class Upstream:
         why = await self._explain_failure(self._target, sent_at)
         return f"{why} ({message})" if why else message
 
-    @asynccontextmanager
-    async def open(
+    def open(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
         """Send a request; the block gets the response once its head has arrived.
 
         The response is owned by the block: on exit it is released to the pool when its body was
         read to the end, and closed (the connection dropped) otherwise.
         """
-        response = await self._send(method, path_qs, headers, body)
-        try:
-            yield response
-        except BaseException:
-            response.close()
-            raise
-        if response.content.at_eof():
-            response.release()
-        else:
-            response.close()
+        return _Exchange(self, method, path_qs, headers, body)
 
     async def _send(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
@@ -248,3 +238,35 @@ class Upstream:
                 yield chunk
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise await self._broken_off(exc, reading_from) from exc
+
+
+class _Exchange:
+    """The block of :meth:`Upstream.open`: owns the response from its head to the block's end.
+
+    A class rather than a generator-based context manager: entered for every request, where the
+    generator's machinery costs more than what it wraps.
+    """
+
+    __slots__ = ("_body", "_headers", "_method", "_path_qs", "_response", "_upstream")
+
+    def __init__(
+        self, upstream: Upstream, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+    ) -> None:
+        self._upstream = upstream
+        self._method = method
+        self._path_qs = path_qs
+        self._headers = headers
+        self._body = body
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        self._response = await self._upstream._send(self._method, self._path_qs, self._headers, self._body)
+        return self._response
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        response = self._response
+        assert response is not None
+        if exc_type is None and response.content.at_eof():
+            response.release()
+        else:
+            response.close()

@@ -162,13 +162,17 @@ class EngineWatch:
 
     # --- the gate ---
 
+    def ready_now(self) -> bool:
+        """Whether :meth:`known` answers at once: the engine found and answering (or named: never waited for)."""
+        return self._found is not None and (self.named or self._unanswered is None)
+
     async def known(self, upstream: Upstream) -> EngineFound:
         """The engine found, asking it now when it did not answer last time; refuses while it does not answer.
 
         Raises :class:`~proxy.errors.EngineUnavailableError` (503, in the caller's API shape) saying the
         engine is not reachable yet. A named kind never waits: its requests go and fail as they fail.
         """
-        if self._found is not None and (self.named or self._unanswered is None):
+        if self._found is not None and self.ready_now():
             return self._found
         await self.detect(upstream)
         if self._found is None or self._unanswered is not None:

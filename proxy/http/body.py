@@ -18,9 +18,15 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     A body that has not fully arrived after ``body_read_timeout`` seconds is a 408: a client that
     announces a body and stops sending must not hold a handler forever.
     """
-    timeout = request.app[SETTINGS].body_read_timeout if SETTINGS in request.app else None
-    if timeout is None or request.content.is_eof():
-        return await _read_body(request, limit)  # nothing left to wait for: no timer needed
+    settings = request.app.get(SETTINGS)
+    timeout = settings.body_read_timeout if settings is not None else None
+    if timeout is None or request.content.is_eof():  # nothing left to wait for: no timer needed
+        length = request.content_length
+        if length is None:
+            return await _read_body(request, limit)
+        if length > limit:
+            raise BodyTooLargeError(f"request body of {length} bytes is over the {limit}-byte limit")
+        return await request.read()
     try:
         async with asyncio.timeout(timeout):
             return await _read_body(request, limit)

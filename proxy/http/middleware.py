@@ -1,6 +1,8 @@
-"""Errors in one layer: a :class:`~proxy.errors.ToolpairError` from any handler becomes the route's error response.
+"""Errors answered in one place: a :class:`~proxy.errors.ToolpairError` becomes the route's error response.
 
-Handlers raise; they never catch to answer. The route's dialect comes from its path
+Handlers raise; they never catch to answer. The access middleware (:mod:`proxy.ops.access`), the
+one middleware around every request, calls :func:`error_answer`'s function with what a handler
+raised, so that errors cost no middleware layer of their own. The route's dialect comes from its path
 (:func:`proxy.errors.dialect_for_path`), and a dialect may map an error first: the app passes those
 maps in (Anthropic turns an engine's context overflow into ``prompt is too long``,
 :func:`proxy.dialects.anthropic.errors.anthropic_error`), so this layer knows no dialect's code.
@@ -10,19 +12,16 @@ A stream that already started reports failures in-band instead (:mod:`proxy.http
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from proxy.errors import AuthenticationError, Dialect, ToolpairError, UpstreamError, dialect_for_path, error_body
 from proxy.ops.privacy import log_message
 
-__all__ = ["ErrorMaps", "error_middleware", "error_response"]
+__all__ = ["ErrorMaps", "error_answer", "error_response"]
 
 log = logging.getLogger("toolpair")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ErrorMaps = Mapping[Dialect, Callable[[ToolpairError], ToolpairError]]
 """Per dialect, how an error is shown to its clients (the hook for Anthropic's context overflow)."""
@@ -49,16 +48,12 @@ def _same(error: ToolpairError) -> ToolpairError:
     return error
 
 
-def error_middleware(maps: ErrorMaps | None = None) -> Middleware:
-    """The middleware answering a ToolpairError in the dialect of the path the client called."""
+def error_answer(maps: ErrorMaps | None = None) -> Callable[[web.Request, ToolpairError], web.Response]:
+    """How a ToolpairError is answered, in the dialect of the path the client called."""
 
-    @web.middleware
-    async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ToolpairError as exc:
-            if isinstance(exc, UpstreamError):
-                log.warning("%s %s: %s", request.method, request.path, log_message(exc))
-            return error_response(exc, dialect_for_path(request.path), maps)
+    def answer(request: web.Request, error: ToolpairError) -> web.Response:
+        if isinstance(error, UpstreamError):
+            log.warning("%s %s: %s", request.method, request.path, log_message(error))
+        return error_response(error, dialect_for_path(request.path), maps)
 
-    return answer_errors
+    return answer

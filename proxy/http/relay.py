@@ -64,7 +64,7 @@ async def relay(
     length = response.content_length
     whole = (length is not None and length <= _BUFFER_LIMIT) or rename is not None
     if not is_sse and whole and request.method != "HEAD":
-        body = await call.read(response)
+        body = await call.upstream.read(response)
         if completions:
             body = _check_completion(body, response.status, call.upstream.base_url)
         if rename is not None:

@@ -25,7 +25,7 @@ _PLAN = "toolpair_route_plan"
 def note_route(request: web.Request, api: str, plan: RoutePlan) -> None:
     """Log the plan at debug, count it, and keep it for the response header."""
     log.debug("%s: %s (%s%s)", api, plan.mode.value, plan.reason, f": {plan.detail}" if plan.detail else "")
-    request.app[METRICS].api_routes.labels(api, plan.mode.value, plan.reason).inc()
+    request.app[METRICS].route_taken(api, plan.mode.value, plan.reason)
     request[_PLAN] = plan
 
 

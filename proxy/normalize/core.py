@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple, NoReturn
@@ -44,7 +45,14 @@ from typing import Any, NamedTuple, NoReturn
 import orjson
 
 from proxy._types import JSON
+from proxy.normalize.walk import clean_anthropic_runs, clean_chat_runs, clean_responses_runs
 from proxy.order import NO_RUNS, OrderReport, order_anthropic_results, order_chat_results, order_responses_items
+
+try:
+    from proxy.normalize._scan import scan as _scan_line
+    from proxy.normalize._scan import scan_block as _scan_block
+except ImportError:  # built without a C compiler: every line is parsed in Python
+    _scan_line = _scan_block = None  # type: ignore[assignment]
 
 __all__ = [
     "ID_MARKERS",
@@ -54,7 +62,11 @@ __all__ = [
     "normalize_line",
     "normalize_marked_line",
     "may_hold_results",
+    "native_scan",
+    "native_scan_block",
+    "order_parsed",
     "order_record",
+    "quick_marked_line",
 ]
 
 ANTHROPIC_MARKER = b"tool_use_id"
@@ -69,6 +81,25 @@ ANTHROPIC_SHAPE = b"tool_result"  # a line without it has no Anthropic run
 RESPONSES_SHAPE = b"call_output"  # nor without it a Responses one (function_call_output, custom_tool_call_output)
 
 _NO_RUNS = NO_RUNS
+
+native_scan: Callable[[bytes], tuple[bytes, int, int] | None] | None = _scan_line
+"""``quick_marked_line`` decided on the line's bytes, in C (``_scan.c``): None where it was not built.
+
+It answers (the very line, or the line with whole result objects moved; runs
+reordered; runs in order) only where its answer is the one the Python path
+gives, and None for every other line, which then takes the Python path.
+"""
+
+ScanBlock = Callable[
+    [bytes], tuple[list[tuple[int, int, bytes, int]], int, int, int, int, int, list[tuple[int, int, int]]]
+]
+native_scan_block: ScanBlock | None = _scan_block
+"""``native_scan`` over every line of a block, for ``jsonl.block_edits``: None where it was not built.
+
+Returns the moved lines as (start, end, new bytes, index), the lines answered,
+runs reordered, runs in order, blank lines, lines left unread (no "_" and no
+backslash), and as (start, end, index) the lines it did not answer.
+"""
 # orjson reads integers outside int64/uint64 as floats, losing digits: positive
 # ones of 20 digits, negative ones from 19 (-9223372036854775809). A changed line
 # with a run of 19 digits (even inside a string) is re-read exactly instead.
@@ -140,6 +171,63 @@ def order_record(
             if ordered is not items:
                 changes = {**changes, "input": ordered} if changes else {"input": ordered}
     return ({**record, **changes} if changes else record), report
+
+
+def order_parsed(
+    record: JSON, *, chat: bool = True, anthropic: bool = True, responses: bool = True
+) -> tuple[JSON, int, int] | None:
+    """``order_record`` for a record just parsed from JSON: the result and its runs reordered and in order.
+
+    None when a run is not clean (see ``walk``): ``order_record`` then decides
+    the record and says why a run keeps its order. When this returns a result,
+    it is the one ``order_record`` gives, and so are the counts.
+    """
+    if type(record) is not dict:
+        return record, 0, 0
+    reordered = in_order = 0
+    changes: dict[str, Any] | None = None
+    messages = record.get("messages")
+    if type(messages) is list:
+        ordered = messages
+        if chat:
+            walked = clean_chat_runs(ordered)
+            if walked is None:
+                return None
+            ordered, moved, kept_order = walked
+            reordered += moved
+            in_order += kept_order
+        if anthropic:
+            walked = clean_anthropic_runs(ordered)
+            if walked is None:
+                return None
+            ordered, moved, kept_order = walked
+            reordered += moved
+            in_order += kept_order
+        if ordered is not messages:
+            changes = {"messages": ordered}
+    if responses:
+        items = record.get("input")
+        if type(items) is list:
+            walked = clean_responses_runs(items)
+            if walked is None:
+                return None
+            ordered, moved, kept_order = walked
+            reordered += moved
+            in_order += kept_order
+            if ordered is not items:
+                changes = {**changes, "input": ordered} if changes else {"input": ordered}
+    return ({**record, **changes} if changes else record), reordered, in_order
+
+
+_COUNTED: dict[tuple[int, int], OrderReport] = {(0, 0): _NO_RUNS}
+
+
+def _counted(reordered: int, in_order: int) -> OrderReport:
+    """The report of runs that were all clean: one shared instance per pair of counts."""
+    report = _COUNTED.get((reordered, in_order))
+    if report is None:
+        report = _COUNTED[reordered, in_order] = OrderReport(reordered, in_order)
+    return report
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -249,7 +337,12 @@ def normalize_marked_line(line: bytes, *, field: str | None = None) -> tuple[byt
     else:
         chat, anthropic, responses = CHAT_SHAPE in line, ANTHROPIC_SHAPE in line, RESPONSES_SHAPE in line
     record = value if field is None else {field: value}
-    ordered, report = order_record(record, chat=chat, anthropic=anthropic, responses=responses)
+    walked = order_parsed(record, chat=chat, anthropic=anthropic, responses=responses)
+    if walked is None:
+        ordered, report = order_record(record, chat=chat, anthropic=anthropic, responses=responses)
+    else:
+        ordered, reordered, in_order = walked
+        report = _counted(reordered, in_order)
     if ordered is record:
         return line, LineResult(LineKind.RECORD, False, report)
     if not exact and _NINETEEN_DIGITS in line.translate(_DIGITS_AS_ZERO):
@@ -266,6 +359,38 @@ def normalize_marked_line(line: bytes, *, field: str | None = None) -> tuple[byt
     prefix = _BOM if line.startswith(_BOM) else b""
     suffix = b"\r" if line.endswith(b"\r") else b""
     return prefix + body + suffix, LineResult(LineKind.RECORD, True, report)
+
+
+def quick_marked_line(line: bytes) -> tuple[bytes, int, int] | None:
+    """``normalize_marked_line`` for the common line, without a result object: what a block costs most.
+
+    The line's bytes (the very object when nothing moved) or its rewrite, with
+    its runs reordered and in order. None sends the line to
+    ``normalize_marked_line``, which gives the same answer for every line this
+    one answers: a line that is not orjson's JSON, a run that is not clean, a
+    rewrite that needs more than ``orjson.dumps`` (a CR ending, 19 digits).
+    """
+    try:
+        value = _loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if _LETTER_ESCAPE in line and _MARKER_LETTER_ESCAPE.search(line) is not None:
+        walked = order_parsed(value)
+    else:
+        walked = order_parsed(
+            value, chat=CHAT_SHAPE in line, anthropic=ANTHROPIC_SHAPE in line, responses=RESPONSES_SHAPE in line
+        )
+    if walked is None:
+        return None
+    ordered, reordered, in_order = walked
+    if ordered is value:
+        return line, reordered, in_order
+    if line.endswith(b"\r") or _NINETEEN_DIGITS in line.translate(_DIGITS_AS_ZERO):
+        return None
+    try:
+        return orjson.dumps(ordered), reordered, in_order
+    except orjson.JSONEncodeError:
+        return None
 
 
 @dataclass

@@ -23,15 +23,23 @@ short-record datasets (half of them plain turns) at the speed of long ones.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import stat
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from proxy.normalize.core import NormalizeTally, may_hold_results, normalize_line, normalize_marked_line
+from proxy.normalize.core import (
+    NormalizeTally,
+    may_hold_results,
+    native_scan_block,
+    normalize_line,
+    normalize_marked_line,
+    quick_marked_line,
+)
 from proxy.normalize.files import NormalizeFailed
 from proxy.normalize.pool import worker_pool
 
@@ -89,34 +97,102 @@ def block_edits(block: bytes, first_line: int = 1, *, validate: bool = False) ->
             add(number, result)
             start += len(line) + 1
         return edits, tally
-    # The same as the loop above, with the unparsed lines only counted. Every
-    # marker holds "_" and every escape a backslash: one memchr each rules most
-    # plain turns out before the substring searches.
-    unparsed = blank = 0
-    for number, line in enumerate(lines, first_line):
+    if native_scan_block is not None:
+        return _native_block_edits(block, first_line)
+    starts = itertools.accumulate((len(line) + 1 for line in lines), initial=0)
+    _python_lines(zip(starts, lines, itertools.count(first_line)), tally, edits)
+    return edits, tally
+
+
+def _python_lines(items: Iterable[tuple[int, bytes, int]], tally: NormalizeTally, edits: list[Edit]) -> None:
+    """The block loop in Python over (start, line, number): every line, or those the native scan left.
+
+    The same as ``normalize_line`` line by line, with the unparsed lines only
+    counted and the common marked line (``quick_marked_line``) counted here,
+    without a result object or a call per count. Every marker holds "_" and
+    every escape a backslash: one memchr each rules most plain turns out.
+    """
+    unparsed = blank = parsed = changed = reordered = in_order = 0
+    changed_lines = tally.changed_lines
+    room = tally.max_line_numbers
+    add = tally.add
+    for start, line, number in items:
         if (b"_" in line or b"\\" in line) and may_hold_results(line):
-            fresh, result = normalize_marked_line(line)
+            quick = quick_marked_line(line)
+            if quick is None:
+                fresh, result = normalize_marked_line(line)
+                add(number, result)
+                if fresh is not line:
+                    edits.append((start, start + len(line), fresh))
+                continue
+            fresh, moved, kept_order = quick
+            parsed += 1
+            reordered += moved
+            in_order += kept_order
             if fresh is not line:
+                changed += 1
+                if len(changed_lines) < room:
+                    changed_lines.append(number)
                 edits.append((start, start + len(line), fresh))
-            add(number, result)
         elif not line or line.isspace():
             blank += 1
         else:
             unparsed += 1
-        start += len(line) + 1
-    tally.lines += unparsed + blank
-    tally.records += unparsed
+    tally.lines += unparsed + blank + parsed
+    tally.records += unparsed + parsed
     tally.blank += blank
+    tally.changed += changed
+    tally.runs_reordered += reordered
+    tally.runs_in_order += in_order
+
+
+def _native_block_edits(block: bytes, first_line: int) -> tuple[list[Edit], NormalizeTally]:
+    """``block_edits`` with the native scan over every line, and the Python path for the lines it left.
+
+    The scan counts the lines it answers (and those it need not read) and
+    returns those that moved; the rest, which it did not answer, go through
+    ``_python_lines`` and are merged back in line order.
+    """
+    assert native_scan_block is not None
+    tally = NormalizeTally()
+    found, answered, reordered, in_order, blank, unparsed, rest = native_scan_block(block)
+    edits: list[Edit] = [(start, end, fresh) for start, end, fresh, _ in found]
+    room = tally.max_line_numbers
+    numbers = [first_line + index for _, _, _, index in found[:room]]
+    if rest:
+        _python_lines(((start, block[start:end], first_line + index) for start, end, index in rest), tally, edits)
+        edits.sort()  # by start: no two lines start at the same byte
+        if tally.changed_lines:  # each list holds its first ``room``: the first ``room`` of both are among them
+            numbers = sorted(numbers + tally.changed_lines)[:room]
+    tally.changed_lines = numbers
+    tally.lines += answered + blank + unparsed
+    tally.records += answered + unparsed
+    tally.blank += blank
+    tally.changed += len(found)
+    tally.runs_reordered += reordered
+    tally.runs_in_order += in_order
     return edits, tally
+
+
+JOIN_EDITS = 32
+"""Above this many changed lines in a block, its pieces are joined and written as one.
+
+Each piece costs a call to write (about a microsecond with its checks), and
+joining costs a copy of the block (tens of microseconds per MiB): a few edits
+are cheaper written as pieces, a block where every other line moved as one.
+"""
 
 
 def edited_pieces(block: bytes, edits: list[Edit]) -> list[bytes | memoryview]:
     """The block as pieces to write one after another: views of the kept bytes, and the edited lines.
 
-    Writing the pieces saves joining a copy of the whole block first.
+    Writing the pieces saves joining a copy of the whole block first, unless
+    there are more than ``JOIN_EDITS`` of them; then they come joined, as one.
 
     >>> [bytes(piece) for piece in edited_pieces(b"a\\nbb\\nc", [(2, 4, b"B")])]
     [b'a\\n', b'B', b'\\nc']
+    >>> edited_pieces(b"a\\n" * 40, [(2 * i, 2 * i + 1, b"A") for i in range(40)]) == [b"A\\n" * 40]
+    True
     """
     if not edits:
         return [block]
@@ -128,6 +204,8 @@ def edited_pieces(block: bytes, edits: list[Edit]) -> list[bytes | memoryview]:
         parts.append(fresh)
         position = end
     parts.append(view[position:])
+    if len(edits) > JOIN_EDITS:
+        return [b"".join(parts)]
     return parts
 
 
@@ -315,7 +393,19 @@ def _slice_edits(part: _FileSlice, first_line: int, validate: bool) -> tuple[lis
             raise NormalizeFailed(f"{part.path} was replaced while it was being read")
         _worker_files[part.path] = fd
     block = read_slice(fd, part.offset, part.length, part.path)
-    return block_edits(block, first_line, validate=validate)
+    return _worker_edits(block, first_line, validate)
+
+
+def _worker_edits(block: bytes, first_line: int, validate: bool) -> tuple[list[Edit], NormalizeTally]:
+    """In a worker: the block's edits, as one edit of the whole block when there are many.
+
+    Sending a block where every other line moved as one bytes object costs a
+    copy; sending its edits costs pickling a tuple per line, here and back.
+    """
+    edits, tally = block_edits(block, first_line, validate=validate)
+    if len(edits) > JOIN_EDITS:
+        edits = [(0, len(block), apply_edits(block, edits))]
+    return edits, tally
 
 
 Emit = Callable[[int, list[bytes | memoryview], NormalizeTally], None]
@@ -358,7 +448,7 @@ def normalize_jsonl(
     with worker_pool(workers) as pool:
         line = 1
         for block in source.blocks(block_size or WORKER_BLOCK):
-            pending.append((block, pool.submit(block_edits, block, line, validate=validate)))
+            pending.append((block, pool.submit(_worker_edits, block, line, validate)))
             line += _count_lines(block)
             if len(pending) >= 2 * workers:
                 splice()
@@ -398,7 +488,12 @@ def _normalize_file(
         part.renumber(line - 1)
         line += part.lines
         source.position = offset + length
-        pieces = edited_pieces(read_slice(fd, offset, length, name), edits) if write else []
+        if not write:
+            pieces: list[bytes | memoryview] = []
+        elif len(edits) == 1 and edits[0][:2] == (0, length):  # the whole slice, from _worker_edits
+            pieces = [edits[0][2]]
+        else:
+            pieces = edited_pieces(read_slice(fd, offset, length, name), edits)
         emit(length, pieces, part)
 
     # Slices small enough that every worker gets several, so none waits long at the end.

@@ -1,8 +1,10 @@
 """One trace, one access line and one set of metric samples per request.
 
-The outermost middleware. It gives the request its id (the client's valid
-``X-Request-ID``, or a new one), opens a :class:`~proxy.ops.trace.Trace`, runs
-everything else, and when the response is finished (the last byte of a stream
+The outermost middleware, and the one that answers errors. It gives the request its id (the
+client's valid ``X-Request-ID``, or a new one), opens a :class:`~proxy.ops.trace.Trace`, runs
+everything else, turns a :class:`~proxy.errors.ToolpairError` raised by it into the error response
+that the app's ``answer_error`` makes (one layer for both: each middleware layer is a call and a
+frame more on every request), and when the response is finished (the last byte of a stream
 included) writes the access line and records the metrics, except for reads of
 toolpair's own state (scrapes, probes, status), which leave every metric as it was. The id goes back in
 the response's ``X-Request-ID`` header, set just before headers are sent.
@@ -18,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from proxy.errors import ToolpairError
 from proxy.ops.logs import accept_request_id
 from proxy.ops.metrics import Metrics
 from proxy.ops.paths import METRICS_PATH, PROBE_PATHS, STATUS_PATH, TOOLPAIR_METRICS_PATH
@@ -30,10 +34,13 @@ from proxy.ops.privacy import hide_bodies, show_bodies
 from proxy.ops.trace import TRACE, Trace, bind, unbind
 from proxy.ops.usage import Usage
 
-__all__ = ["access_middleware", "route_label", "stamp_request_id"]
+__all__ = ["ErrorAnswer", "access_middleware", "route_label", "stamp_request_id"]
 
 access_log = logging.getLogger("toolpair.access")
 body_log = logging.getLogger("toolpair.body")
+
+ErrorAnswer = Callable[[web.Request, ToolpairError], web.StreamResponse]
+"""Turns an error a handler raised into the response for the route's dialect (:mod:`proxy.http.middleware`)."""
 
 CLIENT_CLOSED = 499
 """Status recorded when the client left before an answer (nginx's convention)."""
@@ -61,21 +68,25 @@ def route_label(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unknown"
 
 
-def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
-    """The middleware for one app: ``metrics`` is where its samples go."""
+def access_middleware(metrics: Metrics, log_bodies: bool, answer_error: ErrorAnswer) -> Middleware:
+    """The middleware for one app: ``metrics`` is where its samples go, ``answer_error`` answers errors."""
 
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         trace = Trace(accept_request_id(request.headers.get("X-Request-ID")), keep_bodies=log_bodies)
         request[TRACE] = trace
         token = bind(trace)
-        shown = show_bodies(log_bodies)
+        # Bodies are hidden unless shown: with log_bodies off there is nothing to set, or to reset.
+        shown = show_bodies(True) if log_bodies else None
         counted = request.path not in _READ_ONLY
         if counted:
-            metrics.in_flight.inc()
+            metrics.in_flight += 1
         status = 500
         try:
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except ToolpairError as exc:
+                response = answer_error(request, exc)
             status = response.status
             return response
         except web.HTTPException as exc:
@@ -86,12 +97,13 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
             raise
         finally:
             unbind(token)
-            hide_bodies(shown)
+            if shown is not None:
+                hide_bodies(shown)
             duration = time.monotonic() - trace.started
             route = route_label(request)
             usage = trace.usage()
             if counted:
-                metrics.in_flight.dec()
+                metrics.in_flight -= 1
                 metrics.record(trace, route, status, duration, usage)
             _log_access(request, trace, route, status, duration, usage)
 
@@ -100,9 +112,10 @@ def access_middleware(metrics: Metrics, log_bodies: bool) -> Middleware:
 
 async def stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare``: return the request id, also on streams and on aiohttp's own errors."""
-    trace = request.get(TRACE)
-    if trace is not None:
-        response.headers["X-Request-ID"] = trace.request_id
+    try:  # noqa: SIM105 (contextlib.suppress costs an object and two calls on every response)
+        response.headers["X-Request-ID"] = request[TRACE].request_id
+    except KeyError:  # no access middleware ran (a request aiohttp refused before any handler)
+        pass
 
 
 def _log_access(

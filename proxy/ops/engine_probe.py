@@ -8,8 +8,10 @@ it: the engine fields are ``null`` and no engine metrics are exported.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -31,6 +33,19 @@ class EngineReading:
     served: int = 0
     """Requests it has been given since toolpair started."""
     port: int | None = None
+    reason: str | None = None
+    """Why it failed, in one line; None while it has not."""
+
+    def shown(self) -> dict[str, Any]:
+        """This reading as ``/ready`` and ``/toolpair/status`` show it: ``reason`` only when there is one.
+
+        >>> EngineReading("engine-0", "ready", port=41001).shown()
+        {'name': 'engine-0', 'state': 'ready', 'restarts': 0, 'active': 0, 'served': 0, 'port': 41001}
+        """
+        fields = dataclasses.asdict(self)
+        if self.reason is None:
+            del fields["reason"]
+        return fields
 
 
 _BEST_FIRST = ("ready", "starting", "stopping", "stopped", "failed", "shutdown")

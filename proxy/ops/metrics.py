@@ -41,15 +41,18 @@ would let clients create unbounded series.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import Any
+from itertools import accumulate
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.utils import floatToGoString
 
 from proxy import __version__
 from proxy.ops.engine_probe import ENGINE_STATES, EngineReading, EngineSnapshot
@@ -107,126 +110,179 @@ def _each_engine(readings: tuple[EngineReading, ...]) -> Iterable[Metric]:
     yield from (state, restarts, active, served)
 
 
+class _Histogram:
+    """One histogram's state: a count per bucket (not cumulative) and the sum of what was observed."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(_BOUNDS)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        # The first bound at or above the value: prometheus_client's ``amount <= bound`` rule.
+        self.counts[bisect_left(_BOUNDS, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        return list(zip(_BOUND_NAMES, map(float, accumulate(self.counts)), strict=True))
+
+
+_BOUNDS = (*_SECONDS, math.inf)
+_BOUND_NAMES: tuple[str, ...] = tuple(floatToGoString(bound) for bound in _BOUNDS)  # type: ignore[no-untyped-call]
+
+
 class Metrics:
-    """The metric objects of one app, and the one place a finished request is counted."""
+    """The counts of one app, and the one place a finished request is counted.
+
+    Counted in plain integers, floats and bucket lists, on the event loop that serves the requests
+    (no locks: nothing else writes them), and handed to prometheus_client at scrape time by
+    :meth:`collect`, the app registry's collector: a request costs a few dict and list updates
+    instead of nine locked prometheus_client increments. The exposition is what prometheus_client's
+    own Counter, Gauge and Histogram would give for the same observations, family for family and
+    sample for sample, in the order they were first counted (``tests/ops/test_metrics_exposition.py``).
+    """
 
     def __init__(self, engine_probe: Callable[[], EngineSnapshot | None] = lambda: None) -> None:
-        # No ``*_created`` series: a timestamp per labelled child that no dashboard reads, and that
-        # makes a new child look like a change between two scrapes. prometheus_client's switch is
+        # No ``*_created`` series: a timestamp per labelled series that no dashboard reads, and that
+        # makes a new series look like a change between two scrapes. prometheus_client's switch is
         # process-wide, read at each scrape; every registry in toolpair's process is toolpair's.
         disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.in_flight = 0
+        """Requests being served now."""
+        self.requests: dict[tuple[str, str], int] = {}
+        """By (route, status)."""
+        self.timers: dict[str, tuple[_Histogram, _Histogram]] = {}
+        """By route: request duration and upstream time to first byte."""
+        self.runs: dict[str, list[int]] = {api: [0, 0] for api in APIS}
+        """By api: runs reordered, runs already in order."""
+        self.runs_kept: dict[tuple[str, str], int] = {}
+        """By (api, reason)."""
+        self.toolcalls_extracted = 0
+        self.toolcall_failures = 0
+        self.queue_wait = _Histogram()
+        self.tokens: dict[str, list[int]] = {}
+        """By route: prompt tokens, completion tokens."""
+        self.api_routes: dict[tuple[str, str, str], int] = {}
+        """By (api, route, reason)."""
         self.registry = CollectorRegistry()
-        # Labelled children by label values: labels() takes a lock and validates on every call.
-        self._children: dict[tuple[str, ...], Any] = {}
-        r = self.registry
-        self.requests = Counter("toolpair_requests", "Requests answered", ["route", "status"], registry=r)
-        self.in_flight = Gauge("toolpair_requests_in_flight", "Requests being served now", registry=r)
-        self.duration = Histogram(
-            "toolpair_request_duration_seconds",
-            "Request start to last byte sent",
-            ["route"],
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.upstream_ttfb = Histogram(
-            "toolpair_upstream_ttfb_seconds",
-            "Upstream request sent to first body byte received",
-            ["route"],
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.runs_reordered = Counter(
-            "toolpair_runs_reordered", "Tool-result runs put into call order", ["api"], registry=r
-        )
-        self.runs_in_order = Counter("toolpair_runs_in_order", "Runs already in call order", ["api"], registry=r)
-        self.runs_kept = Counter(
-            "toolpair_runs_kept", "Runs left in received order, by reason", ["api", "reason"], registry=r
-        )
-        self.toolcalls_extracted = Counter(
-            "toolpair_tool_calls_extracted", "Tool calls parsed out of model text", registry=r
-        )
-        self.toolcall_failures = Counter(
-            "toolpair_tool_call_extraction_failures", "Tool-call texts that could not be parsed", registry=r
-        )
-        self.queue_wait = Histogram(
-            "toolpair_queue_wait_seconds", "Time spent waiting for admission", buckets=_SECONDS, registry=r
-        )
-        self.prompt_tokens = Counter("toolpair_prompt_tokens", "Prompt tokens reported in usage", ["route"], registry=r)
-        self.completion_tokens = Counter(
-            "toolpair_completion_tokens", "Completion tokens reported in usage", ["route"], registry=r
-        )
-        self.api_routes = Counter(
-            "toolpair_api_routes",
-            "Messages and Responses requests by the route they took (native or translate) and why",
-            ["api", "route", "reason"],
-            registry=r,
-        )
-        Gauge("toolpair_build_info", "toolpair version", ["version"], registry=r).labels(__version__).set(1)
-        for api in APIS:
-            self.runs_reordered.labels(api)
-            self.runs_in_order.labels(api)
-        r.register(_EngineCollector(engine_probe))
+        self.registry.register(self)
+        self.registry.register(_EngineCollector(engine_probe))
 
     def record(self, trace: Trace, route: str, status: int, duration: float, usage: Usage | None) -> None:
         """Count one finished request; ``usage`` is ``trace.usage()``, read once by the caller."""
-        children = self._children
         key = (route, str(status))
-        count = children.get(key)
-        if count is None:
-            count = children[key] = self.requests.labels(*key)
-        count.inc()
-        timers = children.get((route,))
+        requests = self.requests
+        requests[key] = requests.get(key, 0) + 1
+        timers = self.timers.get(route)
         if timers is None:
-            timers = children[(route,)] = (self.duration.labels(route), self.upstream_ttfb.labels(route))
+            timers = self.timers[route] = (_Histogram(), _Histogram())
         timers[0].observe(duration)
         ttfb = trace.upstream_ttfb
         if ttfb is not None:
             timers[1].observe(ttfb)
         for api, report in trace.orders:
-            runs = children.get(("runs", api))
+            runs = self.runs.get(api)
             if runs is None:
-                runs = children[("runs", api)] = (self.runs_reordered.labels(api), self.runs_in_order.labels(api))
-            if report.reordered:
-                runs[0].inc(report.reordered)
-            if report.in_order:
-                runs[1].inc(report.in_order)
+                runs = self.runs[api] = [0, 0]
+            runs[0] += report.reordered
+            runs[1] += report.in_order
             for reason, count in report.kept.items():
-                self.runs_kept.labels(api, reason).inc(count)
-        if trace.toolcalls_extracted:
-            self.toolcalls_extracted.inc(trace.toolcalls_extracted)
-        if trace.toolcalls_failed:
-            self.toolcall_failures.inc(trace.toolcalls_failed)
+                kept = (api, reason)
+                self.runs_kept[kept] = self.runs_kept.get(kept, 0) + count
+        self.toolcalls_extracted += trace.toolcalls_extracted
+        self.toolcall_failures += trace.toolcalls_failed
         if trace.queue_wait is not None:
             self.queue_wait.observe(trace.queue_wait)
         if usage is not None and (usage.prompt_tokens or usage.completion_tokens):
-            tokens = children.get(("tokens", route))
+            tokens = self.tokens.get(route)
             if tokens is None:
-                tokens = children[("tokens", route)] = (
-                    self.prompt_tokens.labels(route),
-                    self.completion_tokens.labels(route),
-                )
-            if usage.prompt_tokens:
-                tokens[0].inc(usage.prompt_tokens)
-            if usage.completion_tokens:
-                tokens[1].inc(usage.completion_tokens)
+                tokens = self.tokens[route] = [0, 0]
+            tokens[0] += usage.prompt_tokens or 0
+            tokens[1] += usage.completion_tokens or 0
+
+    def route_taken(self, api: str, route: str, reason: str) -> None:
+        """Count one Messages or Responses request by the route it took (:mod:`proxy.engine.route`)."""
+        key = (api, route, reason)
+        self.api_routes[key] = self.api_routes.get(key, 0) + 1
 
     def totals(self) -> dict[str, int]:
         """Counter totals over all labels, for ``/toolpair/status``."""
-        counters = {
-            "requests": self.requests,
-            "runs_reordered": self.runs_reordered,
-            "runs_in_order": self.runs_in_order,
-            "runs_kept": self.runs_kept,
+        return {
+            "requests": sum(self.requests.values()),
+            "runs_reordered": sum(runs[0] for runs in self.runs.values()),
+            "runs_in_order": sum(runs[1] for runs in self.runs.values()),
+            "runs_kept": sum(self.runs_kept.values()),
             "tool_calls_extracted": self.toolcalls_extracted,
             "tool_call_extraction_failures": self.toolcall_failures,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
+            "prompt_tokens": sum(tokens[0] for tokens in self.tokens.values()),
+            "completion_tokens": sum(tokens[1] for tokens in self.tokens.values()),
         }
-        return {name: int(_total(counter)) for name, counter in counters.items()}
 
-
-def _total(counter: Counter) -> float:
-    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+    def collect(self) -> Iterable[Metric]:
+        """The request families, for the registry at scrape time (in the order they were declared before)."""
+        requests = CounterMetricFamily("toolpair_requests", "Requests answered", labels=["route", "status"])
+        for labels, count in self.requests.items():
+            requests.add_metric(labels, count)
+        yield requests
+        yield GaugeMetricFamily("toolpair_requests_in_flight", "Requests being served now", value=self.in_flight)
+        duration = HistogramMetricFamily(
+            "toolpair_request_duration_seconds", "Request start to last byte sent", labels=["route"]
+        )
+        ttfb = HistogramMetricFamily(
+            "toolpair_upstream_ttfb_seconds", "Upstream request sent to first body byte received", labels=["route"]
+        )
+        for route, (total, first_byte) in self.timers.items():
+            duration.add_metric([route], total.buckets(), total.total)
+            ttfb.add_metric([route], first_byte.buckets(), first_byte.total)
+        yield duration
+        yield ttfb
+        reordered = CounterMetricFamily(
+            "toolpair_runs_reordered", "Tool-result runs put into call order", labels=["api"]
+        )
+        in_order = CounterMetricFamily("toolpair_runs_in_order", "Runs already in call order", labels=["api"])
+        for api, (moved, kept_order) in self.runs.items():
+            reordered.add_metric([api], moved)
+            in_order.add_metric([api], kept_order)
+        yield reordered
+        yield in_order
+        kept = CounterMetricFamily(
+            "toolpair_runs_kept", "Runs left in received order, by reason", labels=["api", "reason"]
+        )
+        for labels, count in self.runs_kept.items():
+            kept.add_metric(labels, count)
+        yield kept
+        yield CounterMetricFamily(
+            "toolpair_tool_calls_extracted", "Tool calls parsed out of model text", value=self.toolcalls_extracted
+        )
+        yield CounterMetricFamily(
+            "toolpair_tool_call_extraction_failures",
+            "Tool-call texts that could not be parsed",
+            value=self.toolcall_failures,
+        )
+        queue_wait = HistogramMetricFamily("toolpair_queue_wait_seconds", "Time spent waiting for admission")
+        queue_wait.add_metric([], self.queue_wait.buckets(), self.queue_wait.total)
+        yield queue_wait
+        prompt = CounterMetricFamily("toolpair_prompt_tokens", "Prompt tokens reported in usage", labels=["route"])
+        completion = CounterMetricFamily(
+            "toolpair_completion_tokens", "Completion tokens reported in usage", labels=["route"]
+        )
+        for route, (prompt_count, completion_count) in self.tokens.items():
+            prompt.add_metric([route], prompt_count)
+            completion.add_metric([route], completion_count)
+        yield prompt
+        yield completion
+        routes = CounterMetricFamily(
+            "toolpair_api_routes",
+            "Messages and Responses requests by the route they took (native or translate) and why",
+            labels=["api", "route", "reason"],
+        )
+        for route_labels, count in self.api_routes.items():
+            routes.add_metric(route_labels, count)
+        yield routes
+        build = GaugeMetricFamily("toolpair_build_info", "toolpair version", labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
 
 
 METRICS = web.AppKey("metrics", Metrics)
@@ -247,6 +303,7 @@ def append_exposition(engine: bytes, content_type: str, registry: CollectorRegis
     The engine's lines are never touched: toolpair's families are all ``toolpair_*``, so names
     cannot meet. OpenMetrics keeps its one ``# EOF`` at the very end.
 
+    >>> from prometheus_client import Gauge
     >>> r = CollectorRegistry()
     >>> _ = Gauge("toolpair_x", "x", registry=r)
     >>> print(append_exposition(b"llamacpp:a 1", "text/plain; version=0.0.4", r).decode())

@@ -2,8 +2,8 @@
 
 :func:`register_operations` adds, in this order:
 
-1. the access middleware (request id, trace, access line, metrics), outermost,
-   so that refused requests are logged and counted too;
+1. the access middleware (request id, trace, access line, metrics, and the answer to an error
+   raised inside it), outermost, so that refused requests are logged and counted too;
 2. the API-key middleware, when keys are configured;
 3. ``GET /metrics`` (unless the app serves the engine's there, see
    :mod:`proxy.http.engine_metrics`), ``GET /toolpair/metrics`` and ``GET /toolpair/status``;
@@ -20,10 +20,9 @@ import logging
 import time
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from proxy.config import Settings
-from proxy.ops.access import access_middleware, stamp_request_id
+from proxy.ops.access import ErrorAnswer, access_middleware, stamp_request_id
 from proxy.ops.auth import auth_middleware, exposure_warning, keys_required, load_keys, open_paths
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineSnapshot
 from proxy.ops.metrics import METRICS, Metrics, metrics_handler
@@ -39,7 +38,7 @@ def register_operations(
     app: web.Application,
     settings: Settings,
     upstream_url: str,
-    error_middleware: Middleware,
+    answer_error: ErrorAnswer,
     *,
     metrics_path: bool = True,
 ) -> None:
@@ -47,8 +46,8 @@ def register_operations(
 
     ``metrics_path`` false leaves ``/metrics`` to the caller (a sidecar serves the engine's there).
 
-    ``error_middleware`` goes inside the access log (which records the status it answers) and
-    outside the key check (whose refusals it answers).
+    ``answer_error`` makes the response for an error any handler or the key check raises; the
+    access middleware calls it, and records the status it answers.
     """
     keys = load_keys(settings) if keys_required(settings) else None
 
@@ -59,8 +58,7 @@ def register_operations(
     metrics = Metrics(engine_snapshot)
     app[METRICS] = metrics
     app[STARTED_AT] = time.monotonic()
-    app.middlewares.append(access_middleware(metrics, settings.log_bodies))
-    app.middlewares.append(error_middleware)
+    app.middlewares.append(access_middleware(metrics, settings.log_bodies, answer_error))
     if keys is not None:
         app.middlewares.append(auth_middleware(keys, open_paths(settings)))
     app.on_response_prepare.append(stamp_request_id)

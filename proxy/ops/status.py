@@ -11,7 +11,6 @@ engine itself and the serve path sets ``app[ENGINE_PROBE]``)::
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -55,7 +54,7 @@ def status_handler(upstream_url: str, keys_required: bool) -> Handler:
             "queue_depth": snapshot.queue_depth if snapshot else None,
         }
         if snapshot is not None and snapshot.engines:
-            engine["engines"] = [dataclasses.asdict(reading) for reading in snapshot.engines]
+            engine["engines"] = [reading.shown() for reading in snapshot.engines]
         body = {
             "version": __version__,
             "mode": "managed" if probe is not None else "sidecar",

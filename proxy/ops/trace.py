@@ -145,11 +145,11 @@ _CURRENT: ContextVar[Trace | None] = ContextVar("toolpair_trace", default=None)
 
 def trace_of(request: web.Request) -> Trace:
     """The request's trace; a detached one when no access middleware runs (notes then go nowhere)."""
-    trace = request.get(TRACE)
-    if trace is None:
-        trace = Trace(request_id="-")
-        request[TRACE] = trace
-    return trace
+    try:
+        return request[TRACE]  # one lookup: Request.get is MutableMapping's, two Python calls
+    except KeyError:
+        trace = request[TRACE] = Trace(request_id="-")
+        return trace
 
 
 def current_trace() -> Trace | None:

@@ -13,6 +13,7 @@ quotes are escaped, so the pattern ``"usage":`` never matches there.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ import orjson
 __all__ = ["Usage", "UsageScanner", "find_usage"]
 
 _KEY = b'"usage"'
-_SPACE = b" \t\r\n"
+_TO_OBJECT = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*(?=\{)")
+"""What may stand between the key and its object: JSON whitespace and the colon (one C call, not a byte loop)."""
 
 
 @dataclass(frozen=True)
@@ -102,17 +104,10 @@ def find_usage(data: bytes) -> Usage | None:
         if at < 0:
             return None
         end = at
-        i = at + len(_KEY)
-        while i < len(data) and data[i] in _SPACE:
-            i += 1
-        if i >= len(data) or data[i] != 0x3A:  # ':'
+        to_object = _TO_OBJECT.match(data, at + len(_KEY))
+        if to_object is None:
             continue
-        i += 1
-        while i < len(data) and data[i] in _SPACE:
-            i += 1
-        if i >= len(data) or data[i] != 0x7B:  # '{'
-            continue
-        usage = _usage_of(_object_at(data, i))
+        usage = _usage_of(_object_at(data, to_object.end()))
         if usage is not None:
             return usage
 
@@ -120,18 +115,29 @@ def find_usage(data: bytes) -> Usage | None:
 class UsageScanner:
     """Watch a response body go by; report the usage it carried.
 
-    Holds at most ``window`` bytes from the start and ``2 * window`` from the
-    end, whatever the body's size. The answer does not depend on how the body
-    was split into chunks.
+    Copies at most ``window`` bytes from the start and ``2 * window`` from the
+    end, whatever the body's size; a body that comes in one chunk (a reply read
+    whole) is not copied at all, only referred to. The answer does not depend
+    on how the body was split into chunks.
     """
 
     def __init__(self, window: int = 8192) -> None:
         self._window = window
+        self._only: bytes | None = None
+        """The first chunk, held as it is until a second comes: most bodies read whole come in one."""
         self._head = bytearray()
         self._tail = bytearray()
         self._seen = 0
 
     def feed(self, chunk: bytes) -> None:
+        if self._only is not None:  # a second chunk: from here on, the copied windows
+            only, self._only = self._only, None
+            self._head += only[: self._window]
+            self._tail += only
+        elif not self._seen:
+            self._seen = len(chunk)
+            self._only = chunk
+            return
         self._seen += len(chunk)
         if len(self._head) < self._window:
             self._head += chunk[: self._window - len(self._head)]
@@ -141,10 +147,12 @@ class UsageScanner:
 
     def result(self) -> Usage | None:
         """Usage from the last report near the end, completed from one near the start."""
-        last = find_usage(bytes(self._tail[-self._window :]))
+        only = self._only
+        # One chunk is the head and the tail: slices of it, no bytearray.
+        last = find_usage(only[-self._window :] if only is not None else bytes(self._tail[-self._window :]))
         if self._seen <= self._window:  # the head is the whole body, already read
             return last
-        first = find_usage(bytes(self._head))
+        first = find_usage(only[: self._window] if only is not None else bytes(self._head))
         if first is None or last is None:
             return last or first
         return last.over(first)

@@ -19,6 +19,7 @@ from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.call_ids import ANY, NINE_ALNUM, fits_form, rendered_ids, template_call_id_form
 from proxy.engine.kinds import engine_profile
 from proxy.engine.plan import engine_setup
+from tests.support.conversations import WEATHER_QUESTION, assistant_calls, tool_result
 from tests.support.survey import survey
 
 NEMO = "mistralai-Mistral-Nemo-Instruct-2407"
@@ -37,10 +38,10 @@ def _call(call_id: Any, city: str) -> dict[str, Any]:
 def history(first: Any = "toolu_paris", second: Any = "toolu_oslo") -> list[Any]:
     """Two calls of one tool, results in finish order (already ordered by the time ids are mapped)."""
     return [
-        {"role": "user", "content": "Weather in Paris and Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [_call(first, "Paris"), _call(second, "Oslo")]},
-        {"role": "tool", "tool_call_id": first, "content": "Paris: 18C"},
-        {"role": "tool", "tool_call_id": second, "content": "Oslo: -3C"},
+        WEATHER_QUESTION,
+        assistant_calls(_call(first, "Paris"), _call(second, "Oslo")),
+        tool_result(first, "Paris: 18C"),
+        tool_result(second, "Oslo: -3C"),
     ]
 
 

@@ -23,21 +23,14 @@ from proxy.engine.client import EngineCall
 from proxy.engine.plan import engine_setup
 from proxy.engine.upstream import Upstream
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, answers, chunk, completion
+from tests.mock_engine import MockEngine, Received, answers, breaks_off, chunk, completion
+from tests.support.conversations import WEATHER_TOOL
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
 Handler = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 TWO_CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -318,15 +311,7 @@ async def test_engine_errors_are_relayed_as_they_are(lcp: str, engine: MockEngin
 
 
 async def test_engine_breaking_off_mid_stream_ends_with_an_error_event(lcp: str, engine: MockEngine) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "partial"}) + b'data: {"half')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    engine.then(breaks)
+    engine.then(breaks_off(chunk({"content": "partial"}) + b'data: {"half'))
     body = {"stream": True, "messages": [{"role": "user", "content": "?"}]}
     async with aiohttp.ClientSession() as session, session.post(lcp + "/v1/chat/completions", json=body) as response:
         raw = await response.read()

@@ -16,20 +16,13 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.real_engine import RealEngine
+from tests.support.conversations import WEATHER_TOOL
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 THANKS = {"role": "user", "content": "Thanks."}
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 TEXT = [{"type": "text", "text": "Be brief."}]
 

@@ -16,22 +16,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.mock_engine import MockEngine, Received, chunk
+from tests.mock_engine import MockEngine, Received, chunk, write_stream
 from tests.real_engine import bundled_model, start_real_engine
 from tests.reliability.client import post, send
 from tests.reliability.streams import check_error_body, check_stream, frames_of
 from tests.support.proxies import MakeProxy
 
 Fault = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
-
-
-async def _sse(request: web.Request, *pieces: bytes) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for piece in pieces:
-        await response.write(piece)
-    await response.write_eof()
-    return response
 
 
 def _json(raw: bytes, status: int = 200) -> web.Response:
@@ -54,19 +45,21 @@ _CONTEXT = (
 _HTML = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
 
 FAULTS: dict[str, Fault] = {
-    "empty stream": fault(lambda r: _sse(r), lambda: _json(b"")),
-    "no finish, no [DONE]": fault(lambda r: _sse(r, chunk({"content": "partial"})), lambda: _json(_HALF)),
+    "empty stream": fault(lambda r: write_stream(r), lambda: _json(b"")),
+    "no finish, no [DONE]": fault(lambda r: write_stream(r, chunk({"content": "partial"})), lambda: _json(_HALF)),
     "cut inside an event": fault(
-        lambda r: _sse(r, chunk({"content": "partial"}), b"data: " + _HALF), lambda: _json(_HALF)
+        lambda r: write_stream(r, chunk({"content": "partial"}), b"data: " + _HALF), lambda: _json(_HALF)
     ),
-    "event not JSON": fault(lambda r: _sse(r, b"data: hello there\n\ndata: [DONE]\n\n"), lambda: _json(b"hello there")),
+    "event not JSON": fault(
+        lambda r: write_stream(r, b"data: hello there\n\ndata: [DONE]\n\n"), lambda: _json(b"hello there")
+    ),
     "HTML 500": fault(
         lambda r: web.Response(status=500, body=_HTML, content_type="text/html"),  # type: ignore[arg-type,return-value]
         lambda: web.Response(status=500, body=_HTML, content_type="text/html"),
     ),
-    "context-window 400": fault(lambda r: _sse(r), lambda: _json(_CONTEXT, 400)),
+    "context-window 400": fault(lambda r: write_stream(r), lambda: _json(_CONTEXT, 400)),
     "not a completion": fault(
-        lambda r: _sse(r, b'data: {"object": "list", "data": []}\n\ndata: [DONE]\n\n'),
+        lambda r: write_stream(r, b'data: {"object": "list", "data": []}\n\ndata: [DONE]\n\n'),
         lambda: _json(b'{"object": "list", "data": []}'),
     ),
 }
@@ -75,7 +68,7 @@ FAULTS: dict[str, Fault] = {
 async def _context_stream(request: web.Request, received: Received) -> web.StreamResponse:
     """llama-cpp-python's answer to a streamed prompt over its context: an empty 200 stream."""
     if received.json().get("stream"):
-        return await _sse(request)
+        return await write_stream(request)
     return _json(_CONTEXT, 400)
 
 

@@ -122,10 +122,7 @@ async def test_a_slot_granted_to_a_leaving_waiter_passes_to_the_next() -> None:
 async def test_a_request_waits_for_the_engine_then_gets_503() -> None:
     never = asyncio.Event()
 
-    async def not_ready() -> None:
-        await never.wait()
-
-    queue = EngineQueue(not_ready, ready_timeout=0.05)
+    queue = EngineQueue(never.wait, ready_timeout=0.05)
     with pytest.raises(EngineUnavailableError, match=r"did not become ready within 0\.05s") as refused:
         async with queue(NO_REQUEST):
             pass
@@ -136,10 +133,7 @@ async def test_a_request_waits_for_the_engine_then_gets_503() -> None:
 async def test_a_request_proceeds_once_the_engine_is_ready() -> None:
     ready = asyncio.Event()
 
-    async def when_ready() -> None:
-        await ready.wait()
-
-    queue = EngineQueue(when_ready, ready_timeout=10)
+    queue = EngineQueue(ready.wait, ready_timeout=10)
     entered: list[str] = []
     task = asyncio.create_task(hold(queue, entered, "a", ready))
     await settle()
@@ -158,9 +152,9 @@ async def queued(engine: MockEngine, make_proxy: MakeProxy) -> AsyncIterator[tup
     yield await make_proxy(connect_timeout=2.0, upstream_read_timeout=10.0, admission=queue), queue, engine
 
 
-def blocking(engine: MockEngine, release: asyncio.Event) -> asyncio.Event:
-    """Make the engine's next reply wait for ``release``; returns an event set when it is reached."""
-    reached = asyncio.Event()
+def blocking(engine: MockEngine) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make the engine's next reply wait; returns the event that releases it and the event set when it is reached."""
+    release, reached = asyncio.Event(), asyncio.Event()
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         reached.set()
@@ -168,7 +162,7 @@ def blocking(engine: MockEngine, release: asyncio.Event) -> asyncio.Event:
         return web.json_response(completion("slow"), dumps=lambda v: orjson.dumps(v).decode())
 
     engine.then(handler)
-    return reached
+    return release, reached
 
 
 async def until(condition: Any, within: float = 5.0) -> None:
@@ -187,8 +181,7 @@ async def test_queue_full_is_a_429_with_retry_after_in_the_openai_shape(
     queued: tuple[str, EngineQueue, MockEngine],
 ) -> None:
     url, queue, engine = queued
-    release = asyncio.Event()
-    reached = blocking(engine, release)
+    release, reached = blocking(engine)
     async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
         first = asyncio.create_task(client.chat.completions.create(**CHAT))  # type: ignore[call-overload]
         await reached.wait()
@@ -215,8 +208,7 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(
     queued: tuple[str, EngineQueue, MockEngine],
 ) -> None:
     url, queue, engine = queued
-    release = asyncio.Event()
-    reached = blocking(engine, release)
+    release, reached = blocking(engine)
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(session.post(url + "/v1/chat/completions", json=CHAT))
         await reached.wait()
@@ -239,10 +231,7 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(
 async def test_an_engine_that_is_not_ready_gives_503(engine: MockEngine, make_proxy: MakeProxy) -> None:
     never = asyncio.Event()
 
-    async def not_ready() -> None:
-        await never.wait()
-
-    queue = EngineQueue(not_ready, ready_timeout=0.1)
+    queue = EngineQueue(never.wait, ready_timeout=0.1)
     async with make_proxy.running(admission=queue) as (url, _):
         async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=CHAT) as r:
             body = await r.json()

@@ -11,6 +11,7 @@ import pytest
 from proxy.dialects.anthropic.request import plan_translation
 from proxy.engine.token_count import ChatTemplate, TemplateError, estimate_tokens
 from tests.real_engine import TEMPLATE
+from tests.support.conversations import anthropic_calls, tool_use
 
 server_types = pytest.importorskip("llama_cpp.server.types")
 
@@ -42,15 +43,12 @@ GREP = {
 TURNS = [
     {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
                                  {"type": "text", "text": "find é"}]},
-    {
-        "role": "assistant",
-        "content": [
-            {"type": "thinking", "thinking": "two searches", "signature": "s"},
-            {"type": "text", "text": "Searching."},
-            {"type": "tool_use", "id": "toolu_a", "name": "Grep", "input": {"pattern": "slow"}},
-            {"type": "tool_use", "id": "toolu_b", "name": "Grep", "input": {"pattern": "fast"}},
-        ],
-    },
+    anthropic_calls(
+        tool_use("toolu_a", "Grep", {"pattern": "slow"}),
+        tool_use("toolu_b", "Grep", {"pattern": "fast"}),
+        thinking="two searches",
+        text="Searching.",
+    ),
     {
         "role": "user",
         "content": [

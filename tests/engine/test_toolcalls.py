@@ -27,30 +27,15 @@ from proxy.engine.toolcalls import (
     extract_completion,
     template_opens_think,
 )
+from tests.support.template_replies import counting_ids, merged
 from tests.toolcall_corpus import CASES, TOOLS, Case
 
 OPENAI_ID = re.compile(r"call_[A-Za-z0-9]{24}")
 MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 
 
-def counting_ids() -> Any:
-    counter = itertools.count()
-    return lambda style: f"{style}-{next(counter)}"
-
-
 def options(case: Case) -> ExtractOptions:
     return ExtractOptions(**case.options)
-
-
-def merged(events: list[Event]) -> list[Event]:
-    """Adjacent text pieces joined: how a client sees them."""
-    out: list[Event] = []
-    for event in events:
-        if out and isinstance(event, (Content, Reasoning)) and type(out[-1]) is type(event):
-            out[-1] = type(event)(out[-1].text + event.text)  # type: ignore[union-attr]
-        else:
-            out.append(event)
-    return out
 
 
 def run(case: Case, pieces: list[str], ids: Any = None) -> tuple[list[Event], TextExtractor]:

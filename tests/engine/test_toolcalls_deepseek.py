@@ -8,7 +8,14 @@ import json
 import pytest
 
 from proxy.engine.toolcalls import Content, ExtractOptions, Reasoning, ToolCall, detect_tool_call_format
-from tests.support.template_replies import every_split, extract, rendered_history, rendered_reply, template_text
+from tests.support.template_replies import (
+    every_split,
+    extract,
+    rendered_history,
+    reply_after_prompt,
+    template_text,
+    with_parallel_off,
+)
 
 V31 = "deepseek-ai-DeepSeek-V3.1"
 R1 = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"
@@ -19,7 +26,7 @@ TOKYO = ToolCall(1, "id-1", "get_weather", json.dumps({"city": "Tokyo"}, separat
 
 
 def v31_reply() -> str:
-    return rendered_reply(V31, EOS)
+    return reply_after_prompt(V31, EOS)
 
 
 def r1_reply() -> str:
@@ -31,7 +38,7 @@ def r1_reply() -> str:
 
 def test_v31_parallel_calls_as_its_template_renders_them_at_every_split() -> None:
     text = "Let me look both up." + v31_reply()
-    events, extractor = every_split(ExtractOptions(calls="deepseek-v3.1", tools=TOOLS), text)
+    events, extractor = every_split(text, ExtractOptions(calls="deepseek-v3.1", tools=TOOLS))
     assert events == [Content("Let me look both up."), PARIS, TOKYO]
     assert extractor.malformed == 0
 
@@ -39,7 +46,7 @@ def test_v31_parallel_calls_as_its_template_renders_them_at_every_split() -> Non
 def test_r1_fenced_calls_after_its_reasoning_at_every_split() -> None:
     assert "```json" in r1_reply()  # the fenced form, as the template writes it
     options = ExtractOptions(calls="deepseek-r1", tools=TOOLS, reasoning=True, think_open=True)
-    events, extractor = every_split(options, r1_reply())
+    events, extractor = every_split(r1_reply(), options)
     assert events == [Reasoning("Two cities: two calls.\n"), PARIS, TOKYO]
     assert extractor.malformed == 0
 
@@ -47,25 +54,23 @@ def test_r1_fenced_calls_after_its_reasoning_at_every_split() -> None:
 @pytest.mark.parametrize("fmt", ["auto", "deepseek-r1", "deepseek-v3.1"])
 def test_each_deepseek_name_and_auto_read_both_forms(fmt: str) -> None:
     for text in (v31_reply(), r1_reply().split("</think>")[1]):
-        assert extract(ExtractOptions(calls=fmt, tools=TOOLS), [text])[0] == [PARIS, TOKYO]
+        assert extract(text, ExtractOptions(calls=fmt, tools=TOOLS))[0] == [PARIS, TOKYO]
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(ExtractOptions(calls="deepseek-v3.1", parallel=False), [v31_reply()])
-    assert events == [PARIS]
-    assert extractor.dropped == 1
+    assert with_parallel_off(v31_reply(), ExtractOptions(calls="deepseek-v3.1")) == [PARIS]
 
 
 def test_a_tool_named_function_is_read_in_the_v31_form() -> None:
     call = '<｜tool▁call▁begin｜>function<｜tool▁sep｜>{"a": 1}<｜tool▁call▁end｜>'
     text = f"<｜tool▁calls▁begin｜>{call}<｜tool▁calls▁end｜>"
-    events, _ = every_split(ExtractOptions(calls="deepseek-v3.1"), text)
+    events, _ = every_split(text, ExtractOptions(calls="deepseek-v3.1"))
     assert events == [ToolCall(0, "id-0", "function", '{"a":1}')]
 
 
 def test_malformed_arguments_stay_content_and_are_counted() -> None:
     text = v31_reply().replace('{"city": "Paris"}', '{"city": Paris}')
-    events, extractor = every_split(ExtractOptions(calls="deepseek-v3.1"), text)
+    events, extractor = every_split(text, ExtractOptions(calls="deepseek-v3.1"))
     assert events == [Content(text)]
     assert extractor.malformed == 1
 
@@ -73,7 +78,7 @@ def test_malformed_arguments_stay_content_and_are_counted() -> None:
 def test_a_call_cut_off_stays_content_after_the_calls_before_it() -> None:
     text = v31_reply()
     cut = text.index('{"city": "Tokyo"}') + 5
-    events, extractor = every_split(ExtractOptions(calls="deepseek-v3.1"), text[:cut])
+    events, extractor = every_split(text[:cut], ExtractOptions(calls="deepseek-v3.1"))
     tail = text[text.index("<｜tool▁call▁end｜>") + len("<｜tool▁call▁end｜>") : cut]
     assert events == [PARIS, Content(tail)]
     assert extractor.malformed == 1
@@ -81,14 +86,14 @@ def test_a_call_cut_off_stays_content_after_the_calls_before_it() -> None:
 
 def test_a_reply_cut_inside_its_first_call_is_all_content() -> None:
     text = v31_reply()[:40]
-    events, extractor = every_split(ExtractOptions(calls="deepseek-v3.1"), text)
+    events, extractor = every_split(text, ExtractOptions(calls="deepseek-v3.1"))
     assert events == [Content(text)]
     assert extractor.malformed == 1
 
 
 def test_a_reply_that_ends_before_the_closing_tokens_keeps_its_calls() -> None:
     text = v31_reply().removesuffix("<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
-    events, extractor = every_split(ExtractOptions(calls="deepseek-v3.1"), text)
+    events, extractor = every_split(text, ExtractOptions(calls="deepseek-v3.1"))
     assert events == [PARIS, TOKYO]
     assert extractor.malformed == 0
 

@@ -10,20 +10,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
-    CONTENT,
-    TOOLS,
-    assert_read_back,
-    assert_stays_content,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
-DSML = ExtractOptions(calls="dsml", tools=TOOLS)
+DSML = ExtractOptions(calls="dsml", tools=replies.TOOLS)
 TEMPLATES = [
     ("deepseek-ai-DeepSeek-V3.2", "</｜DSML｜function_calls>"),
     ("deepseek-ai-DeepSeek-V4", "</｜DSML｜tool_calls>"),
@@ -34,16 +23,16 @@ TEMPLATES = [
 @pytest.mark.parametrize("calls", ["dsml", "auto"])
 @pytest.mark.parametrize(("name", "end"), TEMPLATES)
 def test_the_templates_own_parallel_calls_are_read_back(name: str, end: str, calls: str) -> None:
-    assert detect_tool_call_format(template_text(name)) == "dsml"
-    text = rendered_reply(name, end)
+    assert detect_tool_call_format(replies.template_text(name)) == "dsml"
+    text = replies.rendered_reply(name, end)
     assert 'string="false"' in text
-    assert_read_back(text, ExtractOptions(calls=calls, tools=TOOLS))
+    replies.assert_read_back(text, ExtractOptions(calls=calls, tools=replies.TOOLS))
 
 
 def test_the_string_attribute_types_values_without_a_schema() -> None:
     """The model says which values are JSON: no schema is needed, and a JSON-looking string stays text."""
-    events, _ = extract(rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml"))
-    assert calls_of(events) == CALLS
+    events, _ = replies.extract(replies.rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml"))
+    assert replies.calls_of(events) == replies.CALLS
 
 
 def test_json_that_does_not_parse_falls_back_to_the_schema() -> None:
@@ -53,15 +42,15 @@ def test_json_that_does_not_parse_falls_back_to_the_schema() -> None:
         '<｜DSML｜parameter name="days" string="false"> 3 </｜DSML｜parameter>'
         "</｜DSML｜invoke></｜DSML｜function_calls>"
     )
-    assert calls_of(extract(text, DSML)[0]) == [("get_weather", {"city": "Paris", "days": 3})]
+    assert replies.calls_of(replies.extract(text, DSML)[0]) == [("get_weather", {"city": "Paris", "days": 3})]
 
 
 def test_cut_off_in_the_second_call_keeps_the_first() -> None:
-    text = rendered_reply(*TEMPLATES[1])
+    text = replies.rendered_reply(*TEMPLATES[1])
     cut = text[: text.rindex("</｜DSML｜invoke>") + 3]
-    assert_stays_content(cut, DSML, calls=1)
-    events, _ = extract(cut, DSML)
-    assert content_of(events).startswith(CONTENT) and content_of(events).endswith("</｜")
+    replies.assert_stays_content(cut, DSML, calls=1)
+    events, _ = replies.extract(cut, DSML)
+    assert replies.content_of(events).startswith(replies.CONTENT) and replies.content_of(events).endswith("</｜")
 
 
 @pytest.mark.parametrize(
@@ -74,19 +63,16 @@ def test_cut_off_in_the_second_call_keeps_the_first() -> None:
     ],
 )
 def test_malformed_blocks_stay_content(bad: str) -> None:
-    assert_stays_content("Sure. " + bad, DSML)
+    replies.assert_stays_content("Sure. " + bad, DSML)
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    events, extractor = extract(
-        rendered_reply(*TEMPLATES[0]), ExtractOptions(calls="dsml", tools=TOOLS, parallel=False)
-    )
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    replies.assert_parallel_off_keeps_the_first(replies.rendered_reply(*TEMPLATES[0]), "dsml")
 
 
 def test_v3_2_s_close_of_an_empty_think_before_the_calls_is_not_content() -> None:
     """V3.2's history renders a turn as ``</think>`` then its calls; with reasoning on, that close is dropped."""
-    text = "</think>\n\n" + rendered_reply(
+    text = "</think>\n\n" + replies.rendered_reply(
         "deepseek-ai-DeepSeek-V3.2", "</｜DSML｜function_calls>", start="<｜DSML｜function_calls>"
     )
-    assert_read_back(text, ExtractOptions(calls="dsml", tools=TOOLS, reasoning=True), content="")
+    replies.assert_read_back(text, ExtractOptions(calls="dsml", tools=replies.TOOLS, reasoning=True), content="")

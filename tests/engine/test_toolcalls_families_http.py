@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from anthropic import AsyncAnthropic
 
-from tests.engine.test_engine_http import WEATHER_TOOL, answers, sdk
+from tests.engine.test_engine_http import answers, sdk
 from tests.engine.test_toolcalls_deepseek import v31_reply
 from tests.engine.test_toolcalls_harmony import gpt_oss_reply
 from tests.engine.test_toolcalls_kimi import kimi_reply
 from tests.mock_engine import MockEngine
+from tests.support.conversations import WEATHER_TOOL
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio

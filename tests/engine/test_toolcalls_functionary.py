@@ -5,39 +5,28 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
-    TOOLS,
-    assert_read_back,
-    assert_stays_content,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
 V31 = "meetkai-functionary-medium-v3.1"
-FUNCTIONARY = ExtractOptions(calls="functionary-v3.1", tools=TOOLS)
+FUNCTIONARY = ExtractOptions(calls="functionary-v3.1", tools=replies.TOOLS)
 END = "</function>"
 
 
 def test_the_template_is_detected() -> None:
-    assert detect_tool_call_format(template_text(V31)) == "functionary-v3.1"
+    assert detect_tool_call_format(replies.template_text(V31)) == "functionary-v3.1"
 
 
 @pytest.mark.parametrize("end_token", ["", "<|eom_id|>", "\n<|eot_id|>"])
 def test_the_templates_own_parallel_calls_are_read_back(end_token: str) -> None:
-    text = rendered_reply(V31, END) + end_token
+    text = replies.rendered_reply(V31, END) + end_token
     assert text.count("<function=get_weather>{") == 2
-    assert_read_back(text, FUNCTIONARY)
+    replies.assert_read_back(text, FUNCTIONARY)
 
 
 def test_without_the_close_tag_the_call_stands_and_text_after_it_stays_content() -> None:
-    events, _ = extract('<function=f>{"a": 1}', FUNCTIONARY)
-    assert calls_of(events) == [("f", {"a": 1})]
-    events, _ = extract("<function=f>{}</function> Done.", FUNCTIONARY)
-    assert calls_of(events) == [("f", {})] and content_of(events) == "Done."
+    events, _ = replies.extract('<function=f>{"a": 1}', FUNCTIONARY)
+    assert replies.calls_of(events) == [("f", {"a": 1})]
+    assert replies.calls_and_content("<function=f>{}</function> Done.", FUNCTIONARY) == ([("f", {})], "Done.")
 
 
 @pytest.mark.parametrize(
@@ -52,10 +41,8 @@ def test_without_the_close_tag_the_call_stands_and_text_after_it_stays_content()
     ],
 )
 def test_malformed_calls_stay_content(bad: str) -> None:
-    assert_stays_content("Sure. " + bad, FUNCTIONARY)
+    replies.assert_stays_content("Sure. " + bad, FUNCTIONARY)
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="functionary-v3.1", tools=TOOLS, parallel=False)
-    events, extractor = extract(rendered_reply(V31, END), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    replies.assert_parallel_off_keeps_the_first(replies.rendered_reply(V31, END), "functionary-v3.1")

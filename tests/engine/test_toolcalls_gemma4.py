@@ -5,44 +5,35 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
-    CONTENT,
-    TOOLS,
-    assert_read_back,
-    assert_stays_content,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
-GEMMA4 = ExtractOptions(calls="gemma4", tools=TOOLS)
+GEMMA4 = ExtractOptions(calls="gemma4", tools=replies.TOOLS)
 TEMPLATES = ["google-gemma-4-31B-it", "google-gemma-4-31B-it-interleaved"]
 
 
 def gemma_reply(name: str) -> str:
     """Gemma 4's template writes a turn's calls first and its text after them."""
-    return rendered_reply(name, CONTENT, start="<|turn>model\n").removeprefix("<|turn>model\n")
+    return replies.rendered_reply(name, replies.CONTENT, start="<|turn>model\n").removeprefix("<|turn>model\n")
 
 
 @pytest.mark.parametrize("calls", ["gemma4", "auto"])
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_the_templates_own_parallel_calls_are_read_back(name: str, calls: str) -> None:
-    assert detect_tool_call_format(template_text(name)) == "gemma4"
+    assert detect_tool_call_format(replies.template_text(name)) == "gemma4"
     text = gemma_reply(name)
     assert '<|"|>' in text
-    assert_read_back(text, ExtractOptions(calls=calls, tools=TOOLS))
+    replies.assert_read_back(text, ExtractOptions(calls=calls, tools=replies.TOOLS))
 
 
 def test_the_quoting_types_values_without_a_schema() -> None:
-    assert calls_of(extract(gemma_reply(TEMPLATES[0]), ExtractOptions(calls="gemma4"))[0]) == CALLS
+    assert (
+        replies.calls_of(replies.extract(gemma_reply(TEMPLATES[0]), ExtractOptions(calls="gemma4"))[0]) == replies.CALLS
+    )
 
 
 def test_nested_values_and_quoted_text_with_brackets() -> None:
     text = '<|tool_call>call:f{a:{b:[1, -2.5e3, null]},s:<|"|>x}, {y: ]<|"|>,<|"|>k k<|"|>:false}<tool_call|>'
-    assert calls_of(extract(text, GEMMA4)[0]) == [
+    assert replies.calls_of(replies.extract(text, GEMMA4)[0]) == [
         ("f", {"a": {"b": [1, -2500.0, None]}, "s": "x}, {y: ]", "k k": False})
     ]
 
@@ -58,26 +49,23 @@ def test_nested_values_and_quoted_text_with_brackets() -> None:
     ],
 )
 def test_malformed_calls_stay_content(bad: str) -> None:
-    assert_stays_content("Sure. " + bad, GEMMA4)
+    replies.assert_stays_content("Sure. " + bad, GEMMA4)
 
 
 def test_cut_off_in_the_second_call_keeps_the_first() -> None:
     text = gemma_reply(TEMPLATES[0])
-    assert_stays_content(text[: text.rindex("<tool_call|>")], GEMMA4, calls=1)
+    replies.assert_stays_content(text[: text.rindex("<tool_call|>")], GEMMA4, calls=1)
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="gemma4", tools=TOOLS, parallel=False)
-    events, extractor = extract(gemma_reply(TEMPLATES[0]), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    replies.assert_parallel_off_keeps_the_first(gemma_reply(TEMPLATES[0]), "gemma4")
 
 
 def test_the_31b_template_s_hand_over_after_the_calls_is_the_turn_s_close() -> None:
     """Gemma 4 31B's template ends a turn of calls with ``<|tool_response>``, not ``<turn|>``."""
     text = gemma_reply(TEMPLATES[0])
     calls = text[: text.rindex("<tool_call|>") + len("<tool_call|>")]
-    assert_read_back(calls + "<|tool_response>", GEMMA4, content="")
-    events, _ = extract(calls + "<|tool_response> Sure.", GEMMA4)
-    assert calls_of(events) == CALLS and content_of(events) == "Sure."
-    events, _ = extract(calls + "<|tool_respite", GEMMA4)  # only the whole marker is the close
-    assert calls_of(events) == CALLS and content_of(events) == "<|tool_respite"
+    replies.assert_read_back(calls + "<|tool_response>", GEMMA4, content="")
+    assert replies.calls_and_content(calls + "<|tool_response> Sure.", GEMMA4) == (replies.CALLS, "Sure.")
+    cut = "<|tool_respite"  # only the whole marker is the close
+    assert replies.calls_and_content(calls + cut, GEMMA4) == (replies.CALLS, cut)

@@ -8,55 +8,49 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
-    TOOLS,
-    assert_every_split_agrees,
-    assert_read_back,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
 NAME = "muse-glimmer"
-GLIMMER = ExtractOptions(calls="glimmer", tools=TOOLS, harmony=True, dialect="glimmer")
+GLIMMER = ExtractOptions(calls="glimmer", tools=replies.TOOLS, harmony=True, dialect="glimmer")
 NO_TOOLS = ExtractOptions(harmony=True, dialect="glimmer")
 PROMPT_END = "<|eot|><|start|>assistant"
 
 
 def reply() -> str:
     """The assistant turn after the prompt's ``<|start|>assistant`` (a turn with calls renders no text)."""
-    whole = rendered_reply(NAME, "</atem:function_calls>", start="<s>")
+    whole = replies.rendered_reply(NAME, "</atem:function_calls>", start="<s>")
     return whole[whole.index(PROMPT_END) + len(PROMPT_END) :]
 
 
 def test_the_template_is_detected() -> None:
-    assert detect_tool_call_format(template_text(NAME)) == "glimmer"
+    assert detect_tool_call_format(replies.template_text(NAME)) == "glimmer"
 
 
 def test_the_templates_own_parallel_calls_are_read_back_typed() -> None:
     text = reply()
     assert text.startswith(" to=get_weather<|message|><atem:function_calls>") and "<|eom|><|start|>assistant" in text
-    assert_read_back(text, GLIMMER, content="")
+    replies.assert_read_back(text, GLIMMER, content="")
 
 
 def test_a_message_to_self_is_reasoning_and_one_to_user_content() -> None:
-    assert "to=self<|message|>" in template_text(NAME)
+    assert "to=self<|message|>" in replies.template_text(NAME)
     text = " to=self<|message|>Two cities.<|eom|><|start|>assistant" + reply() + "<|eom|>"
     text += "<|start|>assistant to=user<|message|>Asking.<|eot|>"
-    events, _ = extract(text, GLIMMER)
+    events, _ = replies.extract(text, GLIMMER)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities."]
-    assert calls_of(events) == CALLS and content_of(events) == "Asking."
-    events, _ = extract(" to=self<|message|>Two cities.<|eom|><|start|>assistant to=user<|message|>Hi.", NO_TOOLS)
-    assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities."] and content_of(events) == "Hi."
-    assert_every_split_agrees(text, GLIMMER)
+    assert replies.calls_of(events) == replies.CALLS and replies.content_of(events) == "Asking."
+    events, _ = replies.extract(
+        " to=self<|message|>Two cities.<|eom|><|start|>assistant to=user<|message|>Hi.", NO_TOOLS
+    )
+    assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities."] and replies.content_of(
+        events
+    ) == "Hi."
+    replies.every_split(text, GLIMMER)
 
 
 def test_a_plain_reply_to_user_is_its_text() -> None:
-    events, _ = extract(" to=user<|message|>Hello there.", NO_TOOLS)
-    assert content_of(events) == "Hello there." and calls_of(events) == []
+    events, _ = replies.extract(" to=user<|message|>Hello there.", NO_TOOLS)
+    assert replies.content_of(events) == "Hello there." and replies.calls_of(events) == []
 
 
 @pytest.mark.parametrize(
@@ -71,19 +65,18 @@ def test_a_plain_reply_to_user_is_its_text() -> None:
     ],
 )
 def test_malformed_calls_stay_content(bad: str) -> None:
-    events, extractor = extract(bad, GLIMMER)
-    assert calls_of(events) == [] and extractor.malformed == 1
-    assert bad.split("<|message|>")[1].split("<|eom|>")[0] in content_of(events)
-    assert_every_split_agrees(bad, GLIMMER)
+    events, extractor = replies.extract(bad, GLIMMER)
+    assert replies.calls_of(events) == [] and extractor.malformed == 1
+    assert bad.split("<|message|>")[1].split("<|eom|>")[0] in replies.content_of(events)
+    replies.every_split(bad, GLIMMER)
 
 
 def test_cut_off_in_the_second_call_keeps_the_first() -> None:
     text = reply()
-    events, extractor = extract(text[: text.rindex("</atem:invoke>")], GLIMMER)
-    assert calls_of(events) == CALLS[:1] and extractor.malformed == 1
+    events, extractor = replies.extract(text[: text.rindex("</atem:invoke>")], GLIMMER)
+    assert replies.calls_of(events) == replies.CALLS[:1] and extractor.malformed == 1
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="glimmer", tools=TOOLS, harmony=True, dialect="glimmer", parallel=False)
-    events, extractor = extract(reply(), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    options = ExtractOptions(calls="glimmer", tools=replies.TOOLS, harmony=True, dialect="glimmer")
+    assert replies.calls_of(replies.with_parallel_off(reply(), options)) == replies.CALLS[:1]

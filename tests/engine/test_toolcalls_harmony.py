@@ -17,7 +17,7 @@ from proxy.engine.toolcalls import (
     detect_tool_call_format,
     extract_completion,
 )
-from tests.support.template_replies import every_split, extract, rendered_reply, template_text
+from tests.support.template_replies import every_split, reply_after_prompt, template_text, with_parallel_off
 
 GPT_OSS = "openai-gpt-oss-120b"
 LLM_JP = "llm-jp-llm-jp-4.1-8b-thinking"
@@ -38,22 +38,22 @@ def gpt_oss_reply() -> str:
         {"role": "assistant", "content": "", "thinking": "Two cities, two calls.", "tool_calls": [call(0)]},
         {"role": "assistant", "content": "", "tool_calls": [call(1)]},
     ]
-    return rendered_reply(GPT_OSS, "<|start|>assistant", turns)
+    return reply_after_prompt(GPT_OSS, "<|start|>assistant", turns)
 
 
 def test_gpt_oss_reasoning_and_two_calls_at_every_split() -> None:
     text = gpt_oss_reply()
     assert text.startswith("<|channel|>analysis<|message|>")
     assert "<|start|>assistant to=functions.get_weather<|channel|>" in text  # the recipient in the role header
-    events, extractor = every_split(HARMONY, text)
+    events, extractor = every_split(text, HARMONY)
     assert events == [Reasoning("Two cities, two calls."), PARIS, TOKYO]
     assert extractor.malformed == 0
 
 
 def test_llm_jp_two_calls_with_its_spaced_constrain_at_every_split() -> None:
-    text = rendered_reply(LLM_JP, "<|start|>assistant")
+    text = reply_after_prompt(LLM_JP, "<|start|>assistant")
     assert "<|constrain|> json" in text
-    events, extractor = every_split(HARMONY, text)
+    events, extractor = every_split(text, HARMONY)
     assert events == [PARIS, TOKYO]
     assert extractor.malformed == 0
 
@@ -64,39 +64,38 @@ def test_the_recipient_after_the_channel_and_a_final_answer() -> None:
         '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}'
         "<|call|><|start|>assistant<|channel|>final<|message|>It is 31C in Paris.<|return|>"
     )
-    events, _ = every_split(HARMONY, text)
+    events, _ = every_split(text, HARMONY)
     assert events == [Reasoning("Look it up."), PARIS, Content("It is 31C in Paris.")]
 
 
 def test_a_call_the_engine_stopped_at_its_call_token_still_counts() -> None:
     """llama-cpp-python stops at ``<|call|>`` (an end-of-generation token) and leaves it out."""
-    text = rendered_reply(GPT_OSS, "<|call|>")
-    events, _ = every_split(HARMONY, text)
+    text = reply_after_prompt(GPT_OSS, "<|call|>")
+    events, _ = every_split(text, HARMONY)
     assert events == [PARIS]
 
 
 def test_without_tools_the_channels_still_split_reasoning_from_the_answer() -> None:
     text = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hello!"
-    events, _ = every_split(ExtractOptions(harmony=True), text)
+    events, _ = every_split(text, ExtractOptions(harmony=True))
     assert events == [Reasoning("Easy."), Content("Hello!")]
 
 
 def test_auto_reads_a_reply_that_opens_as_harmony_and_leaves_other_text_alone() -> None:
-    events, _ = every_split(ExtractOptions(calls="auto", tools=TOOLS), gpt_oss_reply())
+    events, _ = every_split(gpt_oss_reply(), ExtractOptions(calls="auto", tools=TOOLS))
     assert events == [Reasoning("Two cities, two calls."), PARIS, TOKYO]
-    plain, _ = every_split(ExtractOptions(calls="auto", tools=TOOLS), "<b>hi</b> to=functions.x")
+    plain, _ = every_split("<b>hi</b> to=functions.x", ExtractOptions(calls="auto", tools=TOOLS))
     assert plain == [Content("<b>hi</b> to=functions.x")]
 
 
 def test_parallel_off_keeps_the_first_call() -> None:
-    events, extractor = extract(ExtractOptions(calls="harmony", tools=TOOLS, parallel=False), [gpt_oss_reply()])
+    events = with_parallel_off(gpt_oss_reply(), ExtractOptions(calls="harmony", tools=TOOLS))
     assert events == [Reasoning("Two cities, two calls."), PARIS]
-    assert extractor.dropped == 1
 
 
 def test_malformed_arguments_stay_content_and_are_counted() -> None:
     text = gpt_oss_reply().replace('{"city": "Paris"}', '{"city": Paris}')
-    events, extractor = every_split(HARMONY, text)
+    events, extractor = every_split(text, HARMONY)
     head = text.index("<|start|>assistant to=")
     second = text.index("<|start|>assistant to=", head + 1)
     tokyo_first = ToolCall(0, "id-0", "get_weather", TOKYO.arguments)
@@ -107,7 +106,7 @@ def test_malformed_arguments_stay_content_and_are_counted() -> None:
 def test_a_call_cut_off_in_its_arguments_stays_content() -> None:
     text = gpt_oss_reply()
     cut = text.index('"Tokyo"')
-    events, extractor = every_split(HARMONY, text[:cut])
+    events, extractor = every_split(text[:cut], HARMONY)
     second = text.index("<|start|>assistant to=", text.index("<|start|>assistant to=") + 1)
     assert events == [Reasoning("Two cities, two calls."), PARIS, Content(text[second:cut])]
     assert extractor.malformed == 1

@@ -6,59 +6,46 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format, template_reasoning
-from tests.engine.template_replies import (
-    CALLS,
-    CONTENT,
-    TOOLS,
-    assert_every_split_agrees,
-    assert_read_back,
-    assert_stays_content,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
 NAME = "tencent-Hy3"
 END = "</tool_calls:opensource>"
 EOS = "<｜hy_eos:opensource｜>"
-HY3 = ExtractOptions(calls="hy3", tools=TOOLS)
+HY3 = ExtractOptions(calls="hy3", tools=replies.TOOLS)
 
 
 def reply() -> str:
-    return rendered_reply(NAME, END)
+    return replies.rendered_reply(NAME, END)
 
 
 def test_the_template_is_detected() -> None:
-    assert detect_tool_call_format(template_text(NAME)) == "hy3"
+    assert detect_tool_call_format(replies.template_text(NAME)) == "hy3"
 
 
 @pytest.mark.parametrize("calls", ["hy3", "auto"])
 def test_the_templates_own_parallel_calls_are_read_back_typed(calls: str) -> None:
     assert "<tool_sep:opensource>" in reply()
-    assert_read_back(reply(), ExtractOptions(calls=calls, tools=TOOLS))
+    replies.assert_read_back(reply(), ExtractOptions(calls=calls, tools=replies.TOOLS))
 
 
 def test_the_end_of_turn_token_the_template_writes_after_the_section_is_not_content() -> None:
-    assert "'<｜hy_eos{}｜>'.format(HYTK)" in template_text(NAME)
-    assert_read_back(reply() + EOS, HY3)
+    assert "'<｜hy_eos{}｜>'.format(HYTK)" in replies.template_text(NAME)
+    replies.assert_read_back(reply() + EOS, HY3)
 
 
 def test_text_after_the_section_stays_content() -> None:
-    events, _ = extract(reply() + "\nDone.", HY3)
-    assert calls_of(events) == CALLS and content_of(events) == CONTENT + "Done."
+    assert replies.calls_and_content(reply() + "\nDone.", HY3) == (replies.CALLS, replies.CONTENT + "Done.")
 
 
 def test_its_reasoning_markers_go_to_reasoning() -> None:
-    form = template_reasoning(template_text(NAME))
+    form = template_reasoning(replies.template_text(NAME))
     assert form is not None and form.open == "<think:opensource>"
-    options = ExtractOptions(calls="hy3", tools=TOOLS, reasoning=True, think_markers=(form.open, form.close))
+    options = ExtractOptions(calls="hy3", tools=replies.TOOLS, reasoning=True, think_markers=(form.open, form.close))
     text = "<think:opensource>Two calls.</think:opensource>" + reply()
-    events, _ = extract(text, options)
+    events, _ = replies.extract(text, options)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two calls."]
-    assert calls_of(events) == CALLS
-    assert_every_split_agrees(text, options)
+    assert replies.calls_of(events) == replies.CALLS
+    replies.every_split(text, options)
 
 
 @pytest.mark.parametrize(
@@ -74,15 +61,13 @@ def test_its_reasoning_markers_go_to_reasoning() -> None:
     ],
 )
 def test_malformed_calls_stay_content(bad: str) -> None:
-    assert_stays_content("Sure. " + bad, HY3)
+    replies.assert_stays_content("Sure. " + bad, HY3)
 
 
 def test_cut_off_in_the_second_call_keeps_the_first() -> None:
     text = reply()
-    assert_stays_content(text[: text.rindex("</tool_call:opensource>")], HY3, calls=1)
+    replies.assert_stays_content(text[: text.rindex("</tool_call:opensource>")], HY3, calls=1)
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="hy3", tools=TOOLS, parallel=False)
-    events, extractor = extract(reply(), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    replies.assert_parallel_off_keeps_the_first(reply(), "hy3")

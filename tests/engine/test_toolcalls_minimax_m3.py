@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine_launcher.template_check import WRITTEN_TOOLS, template_from_file_text, written_turn
 from proxy.engine.toolcalls import Content, ExtractOptions, Reasoning, ToolCall, detect_tool_call_format
-from tests.support.template_replies import every_split, extract, template_text
+from tests.support.template_replies import every_split, extract, template_text, with_parallel_off
 
 M3 = "MiniMax-M3"
 TOKEN = "]<]minimax[>["
@@ -22,7 +22,7 @@ def m3_calls() -> str:
 
 
 def test_parallel_calls_as_its_template_renders_them_at_every_split() -> None:
-    events, extractor = every_split(OPTIONS, "On it.\n" + m3_calls())
+    events, extractor = every_split("On it.\n" + m3_calls(), OPTIONS)
     assert events == [Content("On it."), PARIS, TOKYO]  # utc_offset typed as the schema's integer
     assert extractor.malformed == 0
 
@@ -30,26 +30,24 @@ def test_parallel_calls_as_its_template_renders_them_at_every_split() -> None:
 def test_reasoning_then_calls() -> None:
     markers = ("<mm:think>", "</mm:think>")
     options = ExtractOptions(calls="minimax-m3", tools=TOOLS, reasoning=True, think_markers=markers)
-    events, _ = every_split(options, "<mm:think>Two lookups.</mm:think>" + m3_calls())
+    events, _ = every_split("<mm:think>Two lookups.</mm:think>" + m3_calls(), options)
     assert events == [Reasoning("Two lookups."), PARIS, TOKYO]
 
 
 def test_auto_reads_it_and_parallel_off_keeps_the_first() -> None:
-    assert extract(ExtractOptions(calls="auto", tools=TOOLS), [m3_calls()])[0] == [PARIS, TOKYO]
-    events, extractor = extract(ExtractOptions(calls="minimax-m3", tools=TOOLS, parallel=False), [m3_calls()])
-    assert events == [PARIS]
-    assert extractor.dropped == 1
+    assert extract(m3_calls(), ExtractOptions(calls="auto", tools=TOOLS))[0] == [PARIS, TOKYO]
+    assert with_parallel_off(m3_calls(), ExtractOptions(calls="minimax-m3", tools=TOOLS)) == [PARIS]
 
 
 def test_a_tag_without_the_token_is_part_of_the_value() -> None:
     text = m3_calls().replace("Paris", "Paris <b>centre</b>")
-    events, _ = every_split(OPTIONS, text)
+    events, _ = every_split(text, OPTIONS)
     assert events[0] == ToolCall(0, "id-0", "get_weather", '{"city":"Paris <b>centre</b>"}')
 
 
 def test_a_malformed_block_stays_content_and_is_counted() -> None:
     text = m3_calls().replace(f'{TOKEN}<invoke name="get_weather">', '<invoke name="get_weather">')
-    events, extractor = every_split(OPTIONS, text)
+    events, extractor = every_split(text, OPTIONS)
     assert events == [Content(text)]
     assert extractor.malformed == 1
 
@@ -58,7 +56,7 @@ def test_a_call_cut_off_stays_content_after_the_calls_before_it() -> None:
     text = m3_calls()
     first_end = text.index("</invoke>") + len("</invoke>")
     cut = text.index('name="get_time"') + 20
-    events, extractor = every_split(OPTIONS, text[:cut])
+    events, extractor = every_split(text[:cut], OPTIONS)
     assert events == [PARIS, Content(text[first_end:cut])]
     assert extractor.malformed == 1
 

@@ -5,59 +5,48 @@ from __future__ import annotations
 import pytest
 
 from proxy.engine.toolcalls import ExtractOptions, Reasoning, detect_tool_call_format
-from tests.engine.template_replies import (
-    CALLS,
-    TOOLS,
-    assert_every_split_agrees,
-    assert_read_back,
-    assert_stays_content,
-    calls_of,
-    content_of,
-    extract,
-    rendered_reply,
-    template_text,
-)
+from tests.support import template_replies as replies
 
 NAME = "NVIDIA-Nemotron-Nano-v2"
-NEMOTRON = ExtractOptions(calls="nemotron", tools=TOOLS)
+NEMOTRON = ExtractOptions(calls="nemotron", tools=replies.TOOLS)
 OPEN, END = "<TOOLCALL>", "</TOOLCALL>"
 
 
 def turn() -> str:
     """The template's calls; it renders a turn's content apart from them, in a turn of its own."""
-    return rendered_reply(NAME, END, start=OPEN, follow_up=True)
+    return replies.rendered_reply(NAME, END, start=OPEN, follow_up=True)
 
 
 def test_the_template_is_detected() -> None:
-    assert detect_tool_call_format(template_text(NAME)) == "nemotron"
+    assert detect_tool_call_format(replies.template_text(NAME)) == "nemotron"
 
 
 @pytest.mark.parametrize("calls", ["nemotron", "auto"])
 def test_the_templates_own_parallel_calls_are_read_back(calls: str) -> None:
-    assert_read_back(turn(), ExtractOptions(calls=calls, tools=TOOLS), content="")
+    replies.assert_read_back(turn(), ExtractOptions(calls=calls, tools=replies.TOOLS), content="")
 
 
 def test_content_before_the_calls_stays_content() -> None:
-    assert_read_back("Checking both cities.\n" + turn(), NEMOTRON)
+    replies.assert_read_back("Checking both cities.\n" + turn(), NEMOTRON)
 
 
 def test_reasoning_the_prompt_opened_then_calls() -> None:
-    options = ExtractOptions(calls="nemotron", tools=TOOLS, reasoning=True, think_open=True)
+    options = ExtractOptions(calls="nemotron", tools=replies.TOOLS, reasoning=True, think_open=True)
     text = "Two cities, two calls.\n</think>\n\n" + turn()
-    events, _ = extract(text, options)
+    events, _ = replies.extract(text, options)
     assert [e.text for e in events if isinstance(e, Reasoning)] == ["Two cities, two calls.\n"]
-    assert calls_of(events) == CALLS and content_of(events) == ""
-    assert_every_split_agrees(text, options)
+    assert replies.calls_of(events) == replies.CALLS and replies.content_of(events) == ""
+    replies.every_split(text, options)
 
 
 def test_without_the_close_marker_the_calls_stand() -> None:
-    events, _ = extract('<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', NEMOTRON)
-    assert calls_of(events) == [("get_weather", {"city": "Paris"})] and content_of(events) == ""
+    text = '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    assert replies.calls_and_content(text, NEMOTRON) == ([("get_weather", {"city": "Paris"})], "")
 
 
 def test_text_after_the_calls_stays_content() -> None:
-    events, _ = extract('<TOOLCALL>[{"name": "f", "arguments": {}}]</TOOLCALL> Done.', NEMOTRON)
-    assert calls_of(events) == [("f", {})] and content_of(events) == "Done."
+    text = '<TOOLCALL>[{"name": "f", "arguments": {}}]</TOOLCALL> Done.'
+    assert replies.calls_and_content(text, NEMOTRON) == ([("f", {})], "Done.")
 
 
 @pytest.mark.parametrize(
@@ -73,10 +62,8 @@ def test_text_after_the_calls_stays_content() -> None:
     ],
 )
 def test_malformed_calls_stay_content(bad: str) -> None:
-    assert_stays_content("Sure. " + bad, NEMOTRON)
+    replies.assert_stays_content("Sure. " + bad, NEMOTRON)
 
 
 def test_parallel_off_keeps_the_first() -> None:
-    options = ExtractOptions(calls="nemotron", tools=TOOLS, parallel=False)
-    events, extractor = extract(turn(), options)
-    assert calls_of(events) == CALLS[:1] and extractor.dropped == 1
+    replies.assert_parallel_off_keeps_the_first(turn(), "nemotron")

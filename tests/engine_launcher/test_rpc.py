@@ -30,7 +30,8 @@ from engine_launcher.install import EngineRecord, read_record
 from engine_launcher.launch import EngineLaunch, engine_command, free_port
 from engine_launcher.process import die_with_parent
 from engine_launcher.rpc import parse_endpoints, split_endpoint, unreachable
-from proxy import serve
+from proxy import serve_plan
+from proxy.banner import serve_banner
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
 from tests.support.probes import FakeProbes
@@ -72,16 +73,16 @@ def _record(cmake_args: list[str]) -> EngineRecord:
 
 
 def test_serve_plans_every_layer_onto_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "read_record", lambda: _record([RPC_FLAG]))
-    plan = serve.plan_serve(Settings(engine_rpc=["h:1,h:2"]), out=io.StringIO(), check_machine=False)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: _record([RPC_FLAG]))
+    plan = serve_plan.plan_serve(Settings(engine_rpc=["h:1,h:2"]), out=io.StringIO(), check_machine=False)
     assert plan.launch.rpc_servers == ("h:1", "h:2") and plan.launch.n_gpu_layers == -1
-    assert "RPC workers h:1,h:2" in serve.banner(Settings(), plan)
-    assert serve.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == 0  # CPU without workers
+    assert "RPC workers h:1,h:2" in serve_banner(Settings(), plan)
+    assert serve_plan.plan_serve(Settings(), check_machine=False).launch.n_gpu_layers == 0  # CPU without workers
     with pytest.raises(ConfigError, match="engine_rpc: RPC worker 'h' is not HOST:PORT"):
-        serve.plan_serve(Settings(engine_rpc=["h"]), check_machine=False)
-    monkeypatch.setattr(serve, "read_record", lambda: _record([]))
+        serve_plan.plan_serve(Settings(engine_rpc=["h"]), check_machine=False)
+    monkeypatch.setattr(serve_plan, "read_record", lambda: _record([]))
     with pytest.raises(ConfigError, match="built without RPC: run `toolpair engine install --rebuild`"):
-        serve.plan_serve(Settings(engine_rpc=["h:1"]), check_machine=False)
+        serve_plan.plan_serve(Settings(engine_rpc=["h:1"]), check_machine=False)
 
 
 def test_rpc_worker_refuses_every_interface_unless_told(capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +93,7 @@ def test_rpc_worker_refuses_every_interface_unless_told(capsys: pytest.CaptureFi
 def test_rpc_worker_without_rpc_server_says_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("proxy.cli.read_record", lambda: None)
+    monkeypatch.setattr("proxy.cli.rpc_worker.read_record", lambda: None)
     assert main(["rpc-worker"]) == 1
     assert "rpc-server is not installed in this environment: run `toolpair engine install`" in capsys.readouterr().err
 
@@ -106,9 +107,9 @@ def test_rpc_worker_on_a_cuda_build_for_another_gpu_stops_in_one_line(
     server.chmod(0o755)
     flags = [RPC_FLAG, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
     built = EngineRecord("cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server))
-    monkeypatch.setattr("proxy.cli.read_record", lambda: built)
+    monkeypatch.setattr("proxy.cli.rpc_worker.read_record", lambda: built)
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"})
-    monkeypatch.setattr("proxy.cli.SystemProbes", lambda timeout: h200)
+    monkeypatch.setattr("proxy.cli.rpc_worker.SystemProbes", lambda timeout: h200)
 
     def started(*args: object) -> None:
         raise AssertionError(f"rpc-server was started: {args}")

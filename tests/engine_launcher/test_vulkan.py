@@ -17,7 +17,6 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from engine_launcher.launch import free_port
 from engine_launcher.process import die_with_parent
 from tests.engine.test_engine_real import TWO_CALLS_GRAMMAR
 from tests.real_engine import offloaded_layers
-from tests.support.serve import start_serve
+from tests.support.serve import Serving, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Content-Type": "application/json"}
@@ -63,19 +62,11 @@ def test_auto_detection_keeps_the_cpu_build_on_a_machine_with_only_a_software_vu
     assert found.backend is Backend.CPU and "only CPU Vulkan devices" in found.reason
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    url: str
-    stdout: Path
-    stderr: Path
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
     if vulkan_record_prefix() is None:
         pytest.skip(f"no Vulkan build of the engine at {VULKAN_PYTHON} (make vulkan-check)")
-    process, url, out, err = start_serve(
+    served = start_serve(
         tmp_path_factory.mktemp("vulkan"),
         # debug: the engine's own loader lines (which device got the layers) reach toolpair's log
         *("--ctx-size", "2048", "--log-level", "debug"),
@@ -85,16 +76,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     )
     # The first request compiles the device's pipelines (minutes on llvmpipe): a warm-up, not a test.
     warm = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(warm).encode(), JSON)
+    request = urllib.request.Request(served.url + "/v1/chat/completions", json.dumps(warm).encode(), JSON)
     with urllib.request.urlopen(request, timeout=1800) as response:
         assert response.status == 200
-    yield Served(process, url, out, err)
-    process.send_signal(signal.SIGTERM)
-    process.wait(60)
+    yield served
+    served.process.send_signal(signal.SIGTERM)
+    served.process.wait(60)
 
 
 @needs_vulkan_build
-def test_every_layer_is_on_the_vulkan_device_and_the_banner_says_so(served: Served) -> None:
+def test_every_layer_is_on_the_vulkan_device_and_the_banner_says_so(served: Serving) -> None:
     banner = served.stdout.read_text()
     log = served.stderr.read_text(errors="replace")
     assert "vulkan build" in banner and "gpu layers -1" in banner
@@ -120,7 +111,7 @@ WEATHER_CHAT: Any = {
 
 
 @needs_vulkan_build
-async def test_chat_with_tool_calls_stream_and_not(served: Served) -> None:
+async def test_chat_with_tool_calls_stream_and_not(served: Serving) -> None:
     async with AsyncOpenAI(base_url=served.url + "/v1", api_key="any", max_retries=0, timeout=600) as client:
         # The grammar makes the model write two Hermes calls, as a tool-calling model would.
         ask: Any = {
@@ -167,7 +158,7 @@ WEATHER_ANTHROPIC: Any = {
 
 
 @needs_vulkan_build
-async def test_anthropic_messages_stream_and_not(served: Served) -> None:
+async def test_anthropic_messages_stream_and_not(served: Serving) -> None:
     async with AsyncAnthropic(base_url=served.url, api_key="any", max_retries=0, timeout=600) as client:
         ask: Any = {
             "model": "claude-test",
@@ -190,7 +181,7 @@ async def test_anthropic_messages_stream_and_not(served: Served) -> None:
 
 
 @needs_vulkan_build
-async def test_responses_stream_and_not(served: Served) -> None:
+async def test_responses_stream_and_not(served: Serving) -> None:
     async with AsyncOpenAI(base_url=served.url + "/v1", api_key="any", max_retries=0, timeout=600) as client:
         tool: Any = {
             "type": "function",

@@ -22,6 +22,7 @@ from proxy.errors import Dialect, dialect_for_path
 from proxy.ops.paths import HEALTH_PATH, METRICS_PATH, READY_PATH, STATUS_PATH
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy, ProxyFactory, proxy_app
 
 KEYS = ["tp-key-one", "tp-key-two"]
@@ -52,16 +53,7 @@ class Proxy:
     async def call(self, family: str, headers: dict[str, str]) -> tuple[int, Any, Any]:
         path, body = FAMILIES[family]
         method = "GET" if not body else "POST"
-        async with (
-            aiohttp.ClientSession() as session,
-            session.request(method, self.url + path, data=body or None, headers=headers) as response,
-        ):
-            raw = await response.read()
-            try:
-                parsed = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                parsed = raw
-            return response.status, parsed, response.headers
+        return await send_and_read(self.url, body or None, path, method=method, headers=headers)
 
 
 async def _proxy(engine: MockEngine, **settings: Any) -> AsyncIterator[Proxy]:

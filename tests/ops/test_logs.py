@@ -16,33 +16,26 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from engine_launcher.launch import free_port
 from proxy.config import ConfigError
 from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received
+from tests.mock_engine import MockEngine, breaks_off
+from tests.support.conversations import TWO_CALLS, tool_result
+from tests.support.logs import captured_logs
 from tests.support.proxies import MakeProxy
 
 ROOT = Path(__file__).resolve().parents[2]
-CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-        {"id": "call_b", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-    ],
-}
 PROMPT = "PROMPT-SECRET-7c1e the user's private words"
 
 
 def chat(**extra: Any) -> bytes:
     messages = [
         {"role": "user", "content": PROMPT},
-        CALLS,
-        {"role": "tool", "tool_call_id": "call_b", "content": "RESULT-SECRET-b"},
-        {"role": "tool", "tool_call_id": "call_a", "content": "RESULT-SECRET-a"},
+        TWO_CALLS,
+        tool_result("call_b", "RESULT-SECRET-b"),
+        tool_result("call_a", "RESULT-SECRET-a"),
     ]
     return orjson.dumps({"model": "m", "messages": messages, **extra})
 
@@ -50,15 +43,8 @@ def chat(**extra: Any) -> bytes:
 @pytest.fixture
 def captured() -> Iterator[io.StringIO]:
     """toolpair's own JSON handler on the root logger, at debug level, for one test."""
-    stream = io.StringIO()
-    handler = log_handler("json", stream)
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield stream
-    root.removeHandler(handler)
-    root.setLevel(level)
+    with captured_logs("json", logging.DEBUG) as stream:
+        yield stream
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -163,15 +149,7 @@ async def test_probe_and_metrics_lines_are_debug_only(stack: Stack, captured: io
 
 
 async def test_log_lines_inside_a_request_carry_its_id(stack: Stack, captured: io.StringIO) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    stack.engine.then(breaks)
+    stack.engine.then(breaks_off(b'data: {"half": '))
     await request(stack.url, data=chat(stream=True), headers={"X-Request-ID": "rid-broken"})
     warnings = [line for line in json_lines(captured.getvalue()) if line["level"] == "warning"]
     assert warnings and all(line["request_id"] == "rid-broken" for line in warnings)

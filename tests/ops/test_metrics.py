@@ -18,21 +18,14 @@ from proxy.errors import EngineUnavailableError
 from proxy.ops.engine_probe import ENGINE_PROBE, EngineReading, EngineSnapshot
 from proxy.ops.trace import note_toolcalls, trace_of
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, chunk
+from tests.mock_engine import MockEngine, Received, chunk, never_answers
+from tests.support.conversations import RESULT_A as A
+from tests.support.conversations import RESULT_B as B
+from tests.support.conversations import TWO_CALLS as CALLS
 from tests.support.proxies import MakeProxy
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
-CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-        {"id": "call_b", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-    ],
-}
-A = {"role": "tool", "tool_call_id": "call_a", "content": "1"}
-B = {"role": "tool", "tool_call_id": "call_b", "content": "2"}
 USER = {"role": "user", "content": "go"}
 
 
@@ -171,12 +164,7 @@ async def test_errors_are_counted_by_status(stack: Stack) -> None:
 async def test_client_that_leaves_is_counted_as_499(stack: Stack) -> None:
     started = asyncio.Event()
 
-    async def slow(request: web.Request, received: Received) -> web.StreamResponse:
-        started.set()
-        await asyncio.sleep(30)
-        raise AssertionError("not reached")
-
-    stack.engine.then(slow)
+    stack.engine.then(never_answers(started))
     before = await scrape(stack.url)
     session = aiohttp.ClientSession()
     task = asyncio.create_task(session.post(stack.url + "/v1/chat/completions", data=chat()))

@@ -24,7 +24,7 @@ from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.kinds import engine_profile
 from proxy.ops.logs import log_handler
 from proxy.order import order_responses_items
-from tests.mock_engine import Received, chunk
+from tests.mock_engine import Received, chunk, streams
 from tests.reliability.client import post
 from tests.reliability.conftest import Proxy, ProxyFactory
 from tests.reliability.streams import check_error_body, check_stream
@@ -89,16 +89,7 @@ async def test_a_reasoning_summary_part_without_text_is_skipped(llama_proxy: Pro
 
 
 def _stream_of(*chunks: bytes) -> Any:
-    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for piece in chunks:
-            await response.write(piece)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    return handler
+    return streams(*chunks, b"data: [DONE]\n\n")
 
 
 async def test_usage_of_the_wrong_shape_ends_a_responses_stream_normally(llama_proxy: Proxy) -> None:

@@ -32,7 +32,7 @@ import pytest
 
 from engine_launcher.launch import free_port
 from proxy.config import Settings
-from proxy.serve import plan_serve
+from proxy.serve_plan import plan_serve
 from tests.real_engine import bundled_model
 from tests.reliability.client import HEADERS, post
 from tests.reliability.figures import count, record

@@ -22,13 +22,13 @@ from multidict import CIMultiDict
 
 import proxy.ops.auth
 from proxy.ops.auth import KeyRing
-from proxy.ops.logs import log_handler
 from tests.mock_engine import Received, chunk, completion
 from tests.reliability.client import post, send
 from tests.reliability.conftest import ProxyFactory
 from tests.reliability.figures import count, record
 from tests.reliability.streams import check_stream
 from tests.reliability.workload import APIS, PATHS, PROMPT_MARK, body
+from tests.support.logs import captured_logs
 
 KEYS = [f"tp-key-{n}" for n in range(5)]
 
@@ -158,15 +158,8 @@ async def test_no_client_header_reaches_the_engine_as_another_header(
 @pytest.fixture
 def captured() -> Iterator[io.StringIO]:
     """Every log record at info and above, as the text format writes it."""
-    stream = io.StringIO()
-    handler = log_handler("text", stream)
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    yield stream
-    root.removeHandler(handler)
-    root.setLevel(level)
+    with captured_logs("text", logging.INFO) as stream:
+        yield stream
 
 
 def _echo_error(status: int) -> Any:

@@ -122,7 +122,7 @@ async def normal_round(url: str, api: str, clients: int, serial: int) -> list[fl
 
 
 def in_flight(app: web.Application) -> float:
-    return float(app[METRICS].in_flight._value.get())
+    return float(app[METRICS].in_flight)
 
 
 # --- a slow reader ------------------------------------------------------------------------------

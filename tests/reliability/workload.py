@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from tests.support.conversations import assistant_calls, function_call, tool_result
+
 __all__ = ["APIS", "PATHS", "PROMPT_MARK", "body", "encoded"]
 
 APIS = ("chat", "anthropic", "responses")
@@ -27,16 +29,9 @@ def _chat(serial: int, stream: bool) -> dict[str, Any]:
         "messages": [
             {"role": "system", "content": "You run tools."},
             {"role": "user", "content": f"{PROMPT_MARK} {serial}: read both files"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": f"call_a{serial}", "type": "function", "function": {"name": "read", "arguments": "{}"}},
-                    {"id": f"call_b{serial}", "type": "function", "function": {"name": "grep", "arguments": "{}"}},
-                ],
-            },
-            {"role": "tool", "tool_call_id": f"call_b{serial}", "content": "b finished first"},
-            {"role": "tool", "tool_call_id": f"call_a{serial}", "content": "a finished second"},
+            assistant_calls(function_call(f"call_a{serial}", "read"), function_call(f"call_b{serial}", "grep")),
+            tool_result(f"call_b{serial}", "b finished first"),
+            tool_result(f"call_a{serial}", "a finished second"),
         ],
         "tools": [
             {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}},

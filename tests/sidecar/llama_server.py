@@ -19,8 +19,10 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from engine_launcher.launch import free_port
@@ -28,7 +30,16 @@ from engine_launcher.models import bundled_model
 from engine_launcher.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
 
-__all__ = ["MODEL_ALIAS", "RecordingHop", "Sent", "llama_server_binary", "start_llama_server", "start_sidecar"]
+__all__ = [
+    "MODEL_ALIAS",
+    "RecordingHop",
+    "Sent",
+    "SidecarStack",
+    "llama_server_binary",
+    "skip_unless_built",
+    "start_llama_server",
+    "start_sidecar",
+]
 
 BUILD_SCRIPT = ROOT / "scripts" / "build_llama_server.sh"
 MODEL_ALIAS = "m"
@@ -40,6 +51,13 @@ def llama_server_binary() -> Path | None:
     run = subprocess.run(["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True, check=True)
     path = Path(run.stdout.strip())
     return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def skip_unless_built(binary: Path | None) -> pytest.MarkDecorator:
+    """The mark for a module that needs llama-server (``binary``): skipped, saying how to build it, where it is not."""
+    return pytest.mark.skipif(
+        binary is None, reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)"
+    )
 
 
 def _status(url: str, headers: dict[str, str] | None = None) -> int | None:
@@ -79,17 +97,7 @@ def start_llama_server(
     command = [str(binary), "-m", str(model), "--alias", MODEL_ALIAS, "--jinja", "--host", "127.0.0.1"]
     command += ["--port", str(port)]
     command += ["-c", "4096", "-np", "2", "-t", "2", *extra]
-    process = _spawn(command, log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        if _status(url + "/health") == 200:
-            return Process(process, url, log)
-        time.sleep(0.2)
-    if process.poll() is None:
-        process.kill()
-    process.wait()
-    raise RuntimeError(f"llama-server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+    return _when_ready(_spawn(command, log), f"http://127.0.0.1:{port}", "/health", log, timeout, "llama-server")
 
 
 def start_sidecar(
@@ -104,18 +112,65 @@ def start_sidecar(
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPAIR_")}
     base_env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env or {}))
     command = [sys.executable, "-m", "proxy", "proxy", "--upstream", upstream, "--port", str(port), *args]
-    process = _spawn(command, log, base_env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    probe = url + ("/ready" if ready else "/health")
+    probe = "/ready" if ready else "/health"
+    return _when_ready(_spawn(command, log, base_env), f"http://127.0.0.1:{port}", probe, log, 60, "toolpair")
+
+
+def _when_ready(
+    process: subprocess.Popen[bytes], url: str, probe: str, log: Path, timeout: float, name: str
+) -> Process:
+    """``process`` once ``url + probe`` answers 200; killed, with the end of its log raised, if it exits first or
+    ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
-        if _status(probe) == 200:
+        if _status(url + probe) == 200:
             return Process(process, url, log)
         time.sleep(0.1)
     if process.poll() is None:
         process.kill()
     process.wait()
-    raise RuntimeError(f"toolpair did not start:\n{log.read_text(errors='replace')[-3000:]}")
+    raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+class SidecarStack:
+    """llama-server started with ``engine_args``, a :class:`RecordingHop` in front of it, and the sidecars that
+    :meth:`start_sidecars` puts in front of the hop; stopped in reverse order, also when a start fails.
+
+    A test module subclasses it with what its tests need and holds one for the module (``with``).
+    """
+
+    def __init__(self, binary: Path, tmp: Path, *engine_args: str) -> None:
+        self.binary, self.tmp = binary, tmp
+        self.processes: list[Process] = []
+        self.hop: RecordingHop | None = None
+        try:
+            self.engine = self.keep(start_llama_server(binary, tmp, *engine_args))
+            self.hop = RecordingHop(self.engine.url)
+            self.hop.start()
+            self.start_sidecars(self.hop.url)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_sidecars(self, upstream: str) -> None:
+        """Starts (and :meth:`keep` s) what stands in front of the hop at ``upstream``; nothing by default."""
+
+    def keep(self, process: Process) -> Process:
+        """``process``, to be stopped with the stack."""
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        if self.hop is not None:
+            self.hop.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 @dataclass(frozen=True)

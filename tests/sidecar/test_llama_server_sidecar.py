@@ -18,19 +18,17 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.reliability.processes import Process
 from tests.sidecar.llama_server import (
-    RecordingHop,
+    SidecarStack,
     llama_server_binary,
+    skip_unless_built,
     start_llama_server,
     start_sidecar,
 )
+from tests.support.conversations import assistant_calls, function_call, tool_result
 
 BINARY = llama_server_binary()
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)",
-)
+pytestmark = skip_unless_built(BINARY)
 
 KEY = "engine-key-1"
 
@@ -39,16 +37,11 @@ KEY = "engine-key-1"
 READ = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 ASK = "Read a.py and b.py, then say which one prints."
 CHAT_TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file", "parameters": READ}}]
-CHAT_CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}},
-        {"id": "call_b", "type": "function", "function": {"name": "read", "arguments": '{"path": "b.py"}'}},
-    ],
-}
-CHAT_A = {"role": "tool", "tool_call_id": "call_a", "content": "print('a')"}
-CHAT_B = {"role": "tool", "tool_call_id": "call_b", "content": "x = 1"}
+CHAT_CALLS = assistant_calls(
+    function_call("call_a", "read", '{"path": "a.py"}'), function_call("call_b", "read", '{"path": "b.py"}')
+)
+CHAT_A = tool_result("call_a", "print('a')")
+CHAT_B = tool_result("call_b", "x = 1")
 
 ANTHROPIC_TOOLS = [{"name": "read", "description": "Read a file", "input_schema": READ}]
 ANTHROPIC_CALLS = {
@@ -95,39 +88,19 @@ APIS = {
 # --- the stack: llama-server <- recording hop <- toolpair proxy (no flags), and a key-protected llama-server
 
 
-class Stack:
-    def __init__(self, tmp: Path) -> None:
-        assert BINARY is not None
-        self.processes: list[Process] = []
-        self.hop: RecordingHop | None = None
-        try:
-            self.engine = self._keep(start_llama_server(BINARY, tmp, "--metrics"))
-            self.hop = RecordingHop(self.engine.url)
-            self.hop.start()
-            self.toolpair = self._keep(start_sidecar(tmp, self.hop.url))
-            # A key-protected llama-server without --metrics, and toolpair in front of it.
-            self.keyed = self._keep(start_llama_server(BINARY, tmp, "--api-key", KEY))
-            self.keyed_toolpair = self._keep(start_sidecar(tmp, self.keyed.url))
-        except BaseException:
-            self.stop()
-            raise
-
-    def _keep(self, process: Process) -> Process:
-        self.processes.append(process)
-        return process
-
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
-        if self.hop is not None:
-            self.hop.stop()
+class Stack(SidecarStack):
+    def start_sidecars(self, upstream: str) -> None:
+        self.toolpair = self.keep(start_sidecar(self.tmp, upstream))
+        # A key-protected llama-server without --metrics, and toolpair in front of it.
+        self.keyed = self.keep(start_llama_server(self.binary, self.tmp, "--api-key", KEY))
+        self.keyed_toolpair = self.keep(start_sidecar(self.tmp, self.keyed.url))
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("llama-server"))
-    yield running
-    running.stop()
+    assert BINARY is not None
+    with Stack(BINARY, tmp_path_factory.mktemp("llama-server"), "--metrics") as running:
+        yield running
 
 
 class Answer:

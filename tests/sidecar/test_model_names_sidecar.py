@@ -9,27 +9,22 @@ name what the client asked for. A recording hop keeps what llama-server received
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from tests.reliability.processes import Process
 from tests.sidecar.llama_server import (
     MODEL_ALIAS,
-    RecordingHop,
+    SidecarStack,
     llama_server_binary,
-    start_llama_server,
+    skip_unless_built,
     start_sidecar,
 )
 
 BINARY = llama_server_binary()
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)",
-)
+pytestmark = skip_unless_built(BINARY)
 
 HI = [{"role": "user", "content": "Hi"}]
 BODIES = {
@@ -39,39 +34,19 @@ BODIES = {
 }
 
 
-class Stack:
+class Stack(SidecarStack):
     """llama-server <- recording hop <- toolpair proxy, once with no flags and once with ``--model-map``."""
 
-    def __init__(self, tmp: Path) -> None:
-        assert BINARY is not None
-        self.processes: list[Process] = []
-        self.hop: RecordingHop | None = None
-        try:
-            self.engine = self._keep(start_llama_server(BINARY, tmp))
-            self.hop = RecordingHop(self.engine.url)
-            self.hop.start()
-            self.plain = self._keep(start_sidecar(tmp, self.hop.url))
-            self.mapped = self._keep(start_sidecar(tmp, self.hop.url, "--model-map", "claude-*haiku*=m"))
-        except BaseException:
-            self.stop()
-            raise
-
-    def _keep(self, process: Process) -> Process:
-        self.processes.append(process)
-        return process
-
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
-        if self.hop is not None:
-            self.hop.stop()
+    def start_sidecars(self, upstream: str) -> None:
+        self.plain = self.keep(start_sidecar(self.tmp, upstream))
+        self.mapped = self.keep(start_sidecar(self.tmp, upstream, "--model-map", "claude-*haiku*=m"))
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("model-names"))
-    yield running
-    running.stop()
+    assert BINARY is not None
+    with Stack(BINARY, tmp_path_factory.mktemp("model-names")) as running:
+        yield running
 
 
 async def send(url: str, body: Any) -> tuple[int, bytes]:

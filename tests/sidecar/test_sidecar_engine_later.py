@@ -22,14 +22,11 @@ import pytest
 from engine_launcher.launch import free_port
 from engine_launcher.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
-from tests.sidecar.llama_server import llama_server_binary, start_llama_server, start_sidecar
+from tests.sidecar.llama_server import llama_server_binary, skip_unless_built, start_llama_server, start_sidecar
 from tests.sidecar.test_llama_server_sidecar import Answer, send
 
 BINARY = llama_server_binary()
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)",
-)
+pytestmark = skip_unless_built(BINARY)
 
 HELLO = {"model": "m", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Say hi."}]}
 

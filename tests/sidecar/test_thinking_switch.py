@@ -15,46 +15,21 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.reliability.processes import Process
-from tests.sidecar.llama_server import RecordingHop, llama_server_binary, start_llama_server, start_sidecar
+from tests.sidecar.llama_server import SidecarStack, llama_server_binary, skip_unless_built, start_sidecar
 from tests.sidecar.test_llama_server_sidecar import send
 from tests.support.survey import survey
 
 BINARY = llama_server_binary()
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)",
-)
+pytestmark = skip_unless_built(BINARY)
 
 ASK = [{"role": "user", "content": "Is 7 prime?"}]
 
 
-class Stack:
-    def __init__(self, tmp: Path) -> None:
-        assert BINARY is not None
-        template = Path(survey.fetch_templates()) / "Qwen-Qwen3-0.6B.jinja"
-        self.processes: list[Process] = []
-        self.hop: RecordingHop | None = None
-        try:
-            self.engine = self._keep(start_llama_server(BINARY, tmp, "--chat-template-file", str(template)))
-            self.hop = RecordingHop(self.engine.url)
-            self.hop.start()
-            self.native = self._keep(start_sidecar(tmp, self.hop.url))
-            translate = ("--messages-mode", "translate", "--responses-mode", "translate")
-            self.translated = self._keep(start_sidecar(tmp, self.hop.url, *translate))
-        except BaseException:
-            self.stop()
-            raise
-
-    def _keep(self, process: Process) -> Process:
-        self.processes.append(process)
-        return process
-
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
-        if self.hop is not None:
-            self.hop.stop()
+class Stack(SidecarStack):
+    def start_sidecars(self, upstream: str) -> None:
+        self.native = self.keep(start_sidecar(self.tmp, upstream))
+        translate = ("--messages-mode", "translate", "--responses-mode", "translate")
+        self.translated = self.keep(start_sidecar(self.tmp, upstream, *translate))
 
     def received(self, path: str) -> Any:
         assert self.hop is not None
@@ -63,9 +38,10 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("thinking"))
-    yield running
-    running.stop()
+    assert BINARY is not None
+    template = Path(survey.fetch_templates()) / "Qwen-Qwen3-0.6B.jinja"
+    with Stack(BINARY, tmp_path_factory.mktemp("thinking"), "--chat-template-file", str(template)) as running:
+        yield running
 
 
 def _received_json(stack: Stack, path: str) -> Any:

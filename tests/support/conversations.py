@@ -14,11 +14,17 @@ __all__ = [
     "RESULT_A",
     "RESULT_B",
     "TWO_CALLS",
+    "WEATHER_QUESTION",
     "WEATHER_TOOL",
+    "anthropic_calls",
     "assistant_calls",
     "function_call",
+    "parallel_weather",
     "tool_result",
+    "tool_use",
     "weather_call",
+    "weather_calls",
+    "weather_uses",
 ]
 
 
@@ -56,3 +62,51 @@ WEATHER_TOOL = {
     },
 }
 """The Chat tool that ``weather_call`` calls."""
+
+WEATHER_QUESTION = {"role": "user", "content": "Weather in Paris and Oslo?"}
+
+
+def weather_calls(
+    ids: tuple[str, str] = ("call_paris", "call_oslo"), *, compact: bool = True, content: str | None = None
+) -> dict[str, Any]:
+    """The assistant turn that calls ``get_weather`` for Paris and for Oslo at once, with ``ids`` in that order."""
+    paris, oslo = ids
+    return assistant_calls(
+        weather_call(paris, "Paris", compact=compact), weather_call(oslo, "Oslo", compact=compact), content=content
+    )
+
+
+def parallel_weather(
+    paris: str, oslo: str, *, ids: tuple[str, str] = ("call_paris", "call_oslo"), compact: bool = True
+) -> list[dict[str, Any]]:
+    """The case toolpair exists for: :data:`WEATHER_QUESTION`, :func:`weather_calls`, then the results ``paris``
+    and ``oslo`` in the order the tools finished, Oslo's first, so that a proxy must put Paris's back in front."""
+    return [
+        WEATHER_QUESTION,
+        weather_calls(ids, compact=compact),
+        tool_result(ids[1], oslo),
+        tool_result(ids[0], paris),
+    ]
+
+
+def tool_use(use_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One Anthropic ``tool_use`` block."""
+    return {"type": "tool_use", "id": use_id, "name": name, "input": arguments}
+
+
+def anthropic_calls(
+    *uses: dict[str, Any], thinking: str | None = None, text: str | None = None, signature: str = "s"
+) -> dict[str, Any]:
+    """The Anthropic assistant turn that makes ``uses`` in parallel, after a thinking and a text block when given."""
+    content: list[dict[str, Any]] = []
+    if thinking is not None:
+        content.append({"type": "thinking", "thinking": thinking, "signature": signature})
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    return {"role": "assistant", "content": [*content, *uses]}
+
+
+def weather_uses(ids: tuple[str, str] = ("toolu_a", "toolu_b")) -> list[dict[str, Any]]:
+    """Anthropic's form of :func:`weather_calls`: ``get_weather`` for Paris and for Oslo, with ``ids`` in that order."""
+    paris, oslo = ids
+    return [tool_use(paris, "get_weather", {"city": "Paris"}), tool_use(oslo, "get_weather", {"city": "Oslo"})]

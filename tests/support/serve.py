@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from openai import AsyncOpenAI
@@ -30,6 +30,7 @@ from engine_launcher.process import die_with_parent
 
 __all__ = [
     "ROOT",
+    "Serving",
     "alive",
     "children",
     "client",
@@ -134,6 +135,15 @@ async def wait_ready(url: str, process: subprocess.Popen[bytes], within: float =
     raise AssertionError("toolpair serve did not become ready")
 
 
+class Serving(NamedTuple):
+    """A ``toolpair serve`` that is ready: its process, its URL, and the files its stdout and stderr go to."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    stdout: Path
+    stderr: Path
+
+
 def start_serve(
     tmp: Path,
     *args: str,
@@ -142,7 +152,7 @@ def start_serve(
     within: float = 180,
     default_model: bool = False,
     **env: str,
-) -> tuple[subprocess.Popen[bytes], str, Path, Path]:
+) -> Serving:
     """``toolpair serve`` on a free port, returned once /ready answers 200 (or killed, with its log)."""
     port = free_port()
     process, out, err = launch_serve(
@@ -154,7 +164,7 @@ def start_serve(
     except BaseException:
         process.kill()
         raise AssertionError(f"serve failed:\n{err.read_text()[-4000:]}") from None
-    return process, url, out, err
+    return Serving(process, url, out, err)
 
 
 def run_serve(

@@ -96,8 +96,22 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+COMMANDS = tuple(
+    f"proxy.cli.{path.stem}"
+    for path in sorted((ROOT / "proxy" / "cli").glob("*.py"))
+    if path.stem not in ("__init__", "parser", "common")
+)
+"""One module per ``toolpair`` command."""
+
 LAYERS = (
-    ("proxy.__main__", "proxy.cli", "proxy.serve", "proxy.app"),
+    ("proxy.__main__",),
+    ("proxy.cli", "proxy.cli.parser"),
+    COMMANDS,
+    ("proxy.cli.common",),
+    ("proxy.serve",),
+    ("proxy.banner",),
+    ("proxy.serve_plan",),
+    ("proxy.serve_memory", "proxy.app"),
     ("proxy.dialects",),
     ("proxy.http",),
     ("proxy.engine",),
@@ -109,16 +123,23 @@ LAYERS = (
 
 engine_launcher/ is the bottom layer: the proxy calls it, and it never imports the proxy.
 
-The top layer are the entry points and the one module that wires the others together (``app``);
-``proxy`` itself (its version) is a leaf."""
+The top layers are the entry points: ``__main__``, the command line (``proxy/cli/``: the parser put
+together, then one module per command, then what commands share), ``serve`` (the managed engine's
+wiring and run loop), the start-up banners, serve's plan and its memory plan; then ``app``, the one
+module that wires the layers below together. ``proxy`` itself (its version) is a leaf."""
 
 
 def _layer(module: str) -> int:
-    for depth, members in enumerate(LAYERS):
-        for member in members:
-            if module == member or (member != "proxy" and module.startswith(member + ".")):
-                return depth
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    """The layer of ``module``: that of the most specific member naming it or a package above it."""
+    found = [
+        (len(member), depth)
+        for depth, members in enumerate(LAYERS)
+        for member in members
+        if module == member or (member != "proxy" and module.startswith(member + "."))
+    ]
+    if not found:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return max(found)[1]
 
 
 def _upward(graph: dict[str, set[str]]) -> list[str]:
@@ -135,4 +156,18 @@ def test_no_import_runs_back_up_a_layer() -> None:
 def test_the_layer_check_sees_an_import_that_runs_up() -> None:
     assert _upward({"proxy.ops.paths": {"proxy.http.body"}, "proxy.http.body": {"proxy.order"}}) == [
         "proxy.ops.paths -> proxy.http.body"
+    ]
+
+
+def test_each_command_stands_alone() -> None:
+    """A command module imports no other command's: what two commands share lives in ``proxy.cli.common``."""
+    graph, _ = _graph()
+    assert COMMANDS, "proxy/cli/ holds the commands"
+    assert sorted(f"{name} -> {target}" for name in COMMANDS for target in graph[name] if target in COMMANDS) == []
+
+
+def test_the_cli_layers_see_a_command_that_imports_the_parser() -> None:
+    assert _upward({"proxy.cli.serve": {"proxy.cli.parser"}, "proxy.cli.common": {"proxy.cli.proxy"}}) == [
+        "proxy.cli.common -> proxy.cli.proxy",
+        "proxy.cli.serve -> proxy.cli.parser",
     ]

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import ConfigError, Settings
-from tests.mock_engine import MockEngine, Received, answers
+from tests.mock_engine import MockEngine, Received, answers, write_stream
 from tests.support.proxies import MakeProxy, proxy_app
 
 pytestmark = pytest.mark.asyncio
@@ -58,15 +58,6 @@ def sent_model(received: Received) -> Any:
     return received.json().get("model")
 
 
-async def _sse(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for frame in frames:
-        await response.write(frame)
-    await response.write_eof()
-    return response
-
-
 def _event(kind: str | None, data: Any) -> bytes:
     head = f"event: {kind}\n".encode() if kind else b""
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
@@ -90,14 +81,15 @@ async def native_engine(request: web.Request, received: Received) -> web.StreamR
         # the message_start split over two writes, inside its "model" member: the relay cuts whole frames
         start = _event("message_start", {"type": "message_start", "message": {**message, "content": []}})
         cut = start.index(b'"mock"') + 3
-        return await _sse(request, [start[:cut], start[cut:], _event("message_stop", {"type": "message_stop"})])
+        return await write_stream(request, start[:cut], start[cut:], _event("message_stop", {"type": "message_stop"}))
     response = {"id": "resp_1", "object": "response", "model": "mock", "status": "completed", "output": []}
     if not stream:
         return web.json_response(response)
-    return await _sse(request, [
+    return await write_stream(
+        request,
         _event("response.created", {"type": "response.created", "response": {**response, "status": "in_progress"}}),
         _event("response.completed", {"type": "response.completed", "response": response}),
-    ])  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -14,22 +14,14 @@ from aiohttp import web
 
 from engine_launcher.launch import free_port
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, chunk
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
+from tests.support.conversations import parallel_weather
+from tests.support.http import leave_mid_stream, send_and_read
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
 
-CALLS = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_paris", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
-        {"id": "call_oslo", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
-    ],
-}
-OSLO = {"role": "tool", "tool_call_id": "call_oslo", "content": "-3C snow"}
-PARIS = {"role": "tool", "tool_call_id": "call_paris", "content": "18C sun"}
-USER = {"role": "user", "content": "Weather in Paris and Oslo?"}
+USER, CALLS, OSLO, PARIS = parallel_weather("18C sun", "-3C snow")
 
 
 def body(*messages: Any, **extra: Any) -> bytes:
@@ -37,13 +29,7 @@ def body(*messages: Any, **extra: Any) -> bytes:
 
 
 async def post(url: str, data: bytes, path: str = "/v1/chat/completions", **kw: Any) -> tuple[int, Any, Any]:
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data, **kw) as response:
-        raw = await response.read()
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = raw
-        return response.status, parsed, response.headers
+    return await send_and_read(url, data, path, **kw)
 
 
 async def test_reversed_results_reach_the_engine_in_call_order(stack: Stack) -> None:
@@ -125,15 +111,7 @@ async def test_stream_is_relayed_chunk_by_chunk_not_buffered(stack: Stack) -> No
 
 
 async def test_upstream_failure_mid_stream_ends_with_an_error_line(stack: Stack) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "partial"}) + b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    stack.engine.then(breaks)
+    stack.engine.then(breaks_off(chunk({"content": "partial"}) + b'data: {"half": '))
     status, raw, _ = await post(stack.url, body(USER, stream=True))
     assert status == 200
     frames = raw.split(b"\n\n")
@@ -197,12 +175,7 @@ async def test_engine_error_status_on_chat_is_relayed(stack: Stack) -> None:
 async def test_client_disconnect_closes_the_upstream_request(stack: Stack) -> None:
     started = asyncio.Event()
 
-    async def slow(request: web.Request, received: Received) -> web.StreamResponse:
-        started.set()
-        await asyncio.sleep(30)
-        raise AssertionError("not reached")
-
-    stack.engine.then(slow)
+    stack.engine.then(never_answers(started))
     session = aiohttp.ClientSession()
     task = asyncio.create_task(session.post(stack.url + "/v1/chat/completions", data=body(USER)))
     await asyncio.wait_for(started.wait(), 3)
@@ -215,11 +188,7 @@ async def test_client_disconnect_closes_the_upstream_request(stack: Stack) -> No
 async def test_client_disconnect_mid_stream_stops_the_engine(stack: Stack) -> None:
     stack.engine.stream_word_count = 1000
     stack.engine.stream_delay = 0.01
-    session = aiohttp.ClientSession()
-    response = await session.post(stack.url + "/v1/chat/completions", data=body(USER, stream=True))
-    await response.content.readuntil(b"\n\n")
-    response.close()
-    await session.close()
+    await leave_mid_stream(stack.url, "/v1/chat/completions", b"\n\n", data=body(USER, stream=True))
     await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 
@@ -242,11 +211,7 @@ async def test_upstream_down_is_a_502_naming_it(proxy_to_nowhere: tuple[str, str
 
 
 async def test_upstream_silent_past_the_read_timeout_is_a_504(engine: MockEngine, make_proxy: MakeProxy) -> None:
-    async def hang(request: web.Request, received: Received) -> web.StreamResponse:
-        await asyncio.sleep(10)
-        raise AssertionError("not reached")
-
-    engine.then(hang)
+    engine.then(never_answers(seconds=10))
     async with make_proxy.running(upstream_read_timeout=0.3) as (url, _):
         status, reply, _ = await post(url, body(USER))
     assert status == 504

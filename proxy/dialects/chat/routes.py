@@ -42,8 +42,9 @@ _REWRITE_DROP = ("content-length", "content-encoding")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
-    client = request.app[ENGINE_CLIENT]
+    app = request.app
+    settings = app[SETTINGS]
+    client = app[ENGINE_CLIENT]
     plan = plan_engine_request(await read_body(request, settings.max_body_bytes), client.setup, client.model_names)
     trace_of(request).order("chat", plan.order)
     if plan.adapted:

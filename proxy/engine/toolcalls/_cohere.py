@@ -10,6 +10,10 @@ As their templates render two calls (after the turn's reasoning, ``<|START_THINK
 The array is read by :mod:`._jsonlist`. ``tool_call_id`` is the call's index in
 the conversation, which the templates write back themselves from the client's
 IDs; it is not kept (a client needs IDs unique across the conversation).
+
+A plain answer stands between tokens of its own (``<|START_RESPONSE|>…<|END_RESPONSE|>`` in
+Command R7B, ``<|START_TEXT|>…<|END_TEXT|>`` in Cohere2), which are not content: they are
+:data:`COHERE_WRAPPERS`, which the extractor drops.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from proxy.engine.toolcalls._calls import call_from_object
 from proxy.engine.toolcalls._events import ParsedCall
 from proxy.engine.toolcalls._jsonlist import ListFormat
 
-__all__ = ["COHERE", "COHERE_OPEN"]
+__all__ = ["COHERE", "COHERE_OPEN", "COHERE_WRAPPERS"]
 
 COHERE_OPEN = "<|START_ACTION|>"
+COHERE_WRAPPERS = ("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")
 
 
 def _action(value: Any) -> ParsedCall | None:

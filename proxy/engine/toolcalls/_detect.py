@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.engine.toolcalls._deepseek import DEEPSEEK_CALLS
+from proxy.engine.toolcalls._functionary_v32 import SEGMENT, USER
 from proxy.engine.toolcalls._glimmer import GLIMMER_OPEN
 from proxy.engine.toolcalls._hy3 import HY3_SUFFIX
 from proxy.engine.toolcalls._kimi import KIMI_SECTION
+from proxy.engine.toolcalls._kimi_k3 import KIMI_K3_TOKENS
 from proxy.engine.toolcalls._minicpm import MINICPM5_OPEN
 from proxy.engine.toolcalls._minimax_m3 import MINIMAX_M3_TOKEN
 from proxy.engine.toolcalls._reasoning import template_reasoning
@@ -46,6 +48,8 @@ def detect_tool_call_format(template: str) -> str:
         return "deepseek-r1" if "```json" in template else "deepseek-v3.1"
     if KIMI_SECTION in template:
         return "kimi-k2"
+    if all(token in template for token in KIMI_K3_TOKENS):
+        return "kimi-k3"
     if MINIMAX_M3_TOKEN in template:
         return "minimax-m3"
     if SOLAR.call in template and SOLAR.section in template:
@@ -72,6 +76,8 @@ def detect_tool_call_format(template: str) -> str:
         return "cohere"
     if "<|tools_prefix|>" in template:
         return "apertus"
+    if SEGMENT + USER in template:
+        return "functionary-v3.2"  # '>>>all\n' opens its plain answer
     if "<function=" in template and "</function>" in template:
         return "functionary-v3.1"  # after qwen3-coder, whose <function= holds <parameter=
     if "<minimax:tool_call>" in template:

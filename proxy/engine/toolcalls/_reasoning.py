@@ -51,7 +51,7 @@ def _render(template: str, messages: list[Any], variables: Mapping[str, Any]) ->
 
 def _pair_around_reasoning(template: str, variables: Mapping[str, Any]) -> tuple[str, str] | None:
     """The known pair that surrounds a past turn's reasoning in the render, if the template renders it."""
-    for field in ("reasoning_content", "thinking"):
+    for field in ("reasoning_content", "thinking", "reasoning"):
         turn = {"role": "assistant", "content": _ANSWER, field: _REASONING}
         text = _render(template, [{"role": "user", "content": _PROMPT}, turn], variables)
         if text is None or _REASONING not in text:
@@ -63,8 +63,15 @@ def _pair_around_reasoning(template: str, variables: Mapping[str, Any]) -> tuple
     return None
 
 
-def _pair_named_in(template: str) -> tuple[str, str] | None:
-    return next(((o, c) for o, c in REASONING_MARKERS if o in template), None)
+def _pair_named_in(template: str, prompt_tail: str) -> tuple[str, str] | None:
+    """The first known pair the template names: both markers, or the opening its prompt ends with.
+
+    The opening alone is not enough: Gemma 4 names ``<|think|>`` as a switch in its system turn, and
+    writes neither Solar Open's ``<|end|>`` after it nor ``<|think|>`` at its prompt's end.
+    """
+    return next(
+        ((o, c) for o, c in REASONING_MARKERS if o in template and (c in template or prompt_tail.endswith(o))), None
+    )
 
 
 @lru_cache(maxsize=32)
@@ -73,11 +80,11 @@ def _cached(template: str, variables: tuple[tuple[str, Any], ...]) -> ReasoningF
 
 
 def _reasoning(template: str, given: Mapping[str, Any]) -> ReasoningForm | None:
-    pair = _pair_around_reasoning(template, given) or _pair_named_in(template)
-    if pair is None:
-        return None
     prompt = _render(template, [{"role": "user", "content": _PROMPT}], given)
     tail = prompt.rpartition(_PROMPT)[2].rstrip() if prompt is not None else ""
+    pair = _pair_around_reasoning(template, given) or _pair_named_in(template, tail)
+    if pair is None:
+        return None
     return ReasoningForm(pair[0], pair[1], opens_in_prompt=tail.endswith(pair[0]))
 
 

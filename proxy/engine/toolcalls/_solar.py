@@ -9,6 +9,10 @@ The shape of DeepSeek's and Kimi's sections (:mod:`._sectioned`), so it is a des
 The ID the model writes before the name is its own invention, nine characters it cannot check
 against the conversation; the call gets a new one, and the template writes whatever ID the
 client sends back with the result.
+
+A plain answer is a message of its own, ``<|content|>`` then the text then ``<|end|>`` (after
+reasoning, ``<|begin|>assistant`` opens it): those tokens are :data:`SOLAR_WRAPPERS`, not
+content, and the extractor drops them.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import re
 
 from proxy.engine.toolcalls._sectioned import SectionFormat
 
-__all__ = ["SOLAR", "SOLAR_SECTION"]
+__all__ = ["SOLAR", "SOLAR_SECTION", "SOLAR_WRAPPERS"]
 
 SOLAR_SECTION = "<|tool_calls|>"
+SOLAR_WRAPPERS = ("<|begin|>assistant", "<|content|>", "<|end|>")
 
 SOLAR = SectionFormat(
     section=SOLAR_SECTION,

@@ -14,6 +14,8 @@ What is held back, and only until it is decided:
 - with ``mistral`` named, a reply that opens with ``[``, and with ``llama3`` or
   ``auto``, one that opens with ``{``, until that JSON closes: it may be a call
   whose marker the engine dropped;
+- with ``functionary-v3.2``, the reply's first line, until it says whose segment
+  the reply opens with (:data:`OPENED_BY_PROMPT`);
 - once a marker has come, the call's text until the call is complete and
   well formed. Then it goes out as one :class:`ToolCall`; malformed or cut-off
   call text goes out as content, and is counted in ``malformed``.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.engine.toolcalls._apertus import APERTUS, APERTUS_OPEN
-from proxy.engine.toolcalls._cohere import COHERE, COHERE_OPEN
+from proxy.engine.toolcalls._cohere import COHERE, COHERE_OPEN, COHERE_WRAPPERS
 from proxy.engine.toolcalls._deepseek import DEEPSEEK, DEEPSEEK_CALLS
 from proxy.engine.toolcalls._dsml import DSML, DSML_OPENERS
 from proxy.engine.toolcalls._events import (
@@ -41,6 +43,7 @@ from proxy.engine.toolcalls._events import (
     random_call_id,
 )
 from proxy.engine.toolcalls._functionary import FunctionaryParser
+from proxy.engine.toolcalls._functionary_v32 import SEGMENT, FunctionaryV32Parser
 from proxy.engine.toolcalls._gemma4 import GEMMA4_OPEN, Gemma4Parser
 from proxy.engine.toolcalls._gigachat import GIGACHAT_END, GIGACHAT_OPENERS
 from proxy.engine.toolcalls._glimmer import GLIMMER
@@ -49,6 +52,7 @@ from proxy.engine.toolcalls._hy3 import HY3_OPEN, Hy3Parser
 from proxy.engine.toolcalls._invoke import InvokeParser
 from proxy.engine.toolcalls._jsonlist import ListFormat, ListParser
 from proxy.engine.toolcalls._kimi import KIMI, KIMI_SECTION
+from proxy.engine.toolcalls._kimi_k3 import KIMI_K3_OPEN, KIMI_K3_WRAPPERS, KimiK3Parser
 from proxy.engine.toolcalls._lfm2 import LFM2_OPEN, Lfm2Parser
 from proxy.engine.toolcalls._llama3 import PYTHON_TAG, Llama3Parser
 from proxy.engine.toolcalls._minicpm import MINICPM5, MINICPM5_OPEN
@@ -60,11 +64,19 @@ from proxy.engine.toolcalls._qwen3coder import FUNCTION_OPEN
 from proxy.engine.toolcalls._scan import held_suffix
 from proxy.engine.toolcalls._sectioned import SectionParser
 from proxy.engine.toolcalls._seed import SEED_CLOSE, SEED_OPEN
-from proxy.engine.toolcalls._solar import SOLAR, SOLAR_SECTION
+from proxy.engine.toolcalls._solar import SOLAR, SOLAR_SECTION, SOLAR_WRAPPERS
 from proxy.engine.toolcalls._tagged import TOOL_CALL_OPEN, TaggedCallParser
 from proxy.ops.privacy import private
 
-__all__ = ["DEFAULT_REASONING_MARKERS", "FORMATS", "MESSAGE_DIALECTS", "ExtractOptions", "TextExtractor"]
+__all__ = [
+    "CONTENT_WRAPPERS",
+    "DEFAULT_REASONING_MARKERS",
+    "FORMATS",
+    "MESSAGE_DIALECTS",
+    "OPENED_BY_PROMPT",
+    "ExtractOptions",
+    "TextExtractor",
+]
 
 log = logging.getLogger("toolpair.toolcalls")
 
@@ -102,6 +114,8 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "cohere": (COHERE_OPEN,),
     "apertus": (APERTUS_OPEN,),
     "functionary-v3.1": (FUNCTION_OPEN,),
+    "kimi-k3": (KIMI_K3_OPEN,),
+    "functionary-v3.2": (SEGMENT,),
     "auto": (
         TOOL_CALL_OPEN,
         TOOL_CALLS,
@@ -120,6 +134,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
         *GIGACHAT_OPENERS,
         MINIMAX_M3_OPEN,
         *_LISTS,
+        KIMI_K3_OPEN,
     ),
 }
 """Start markers of each format. ``auto`` knows every marked form, and a bare JSON call
@@ -129,6 +144,26 @@ reads the whole reply, when named or when an ``auto`` reply opens as harmony doe
 
 MESSAGE_DIALECTS: dict[str, HarmonyDialect] = {"harmony": HARMONY, "glimmer": GLIMMER}
 """The formats that are messages, read whole by :class:`HarmonyReader`: gpt-oss's harmony, Muse Glimmer's ATEM."""
+
+OPENED_BY_PROMPT = frozenset({"functionary-v3.2"})
+"""Formats whose every reply starts inside a block the prompt opened (Functionary v3.2's first segment,
+after the generation prompt's ``>>>``): the reply is read as that block from its first character, and
+with no tools too, since its plain answer is a block as well (``all\n...``)."""
+
+CALLS_IN_REASONING = frozenset({"apertus"})
+"""Formats whose model calls tools inside its reasoning, and reasons on after them: Apertus writes its
+calls within its ``<|inner_prefix|>`` thoughts. Elsewhere a call marker in reasoning is reasoning
+(a model may think aloud about the syntax)."""
+
+CONTENT_WRAPPERS: dict[str, tuple[str, ...]] = {
+    "kimi-k3": KIMI_K3_WRAPPERS,
+    "cohere": COHERE_WRAPPERS,
+    "solar-open": SOLAR_WRAPPERS,
+    "auto": (*KIMI_K3_WRAPPERS, *COHERE_WRAPPERS, *SOLAR_WRAPPERS),
+}
+"""Tokens a format writes around its answer that are not part of it: dropped from content, with
+the whitespace before them, whether tools were sent or not (:attr:`ExtractOptions.wrappers`).
+Each is a special token of its family, never text a model means, so ``auto`` drops them all."""
 
 _BARE_OPENERS = {"mistral": "[", "llama3": "{", "auto": "{"}
 """Formats whose call may come with no marker, when tools were sent: the JSON opener it starts with.
@@ -142,6 +177,18 @@ class CallParser(Protocol):
     counts_malformed: bool
 
     def step(self, text: str, final: bool) -> Step: ...
+
+
+class _Wrapper:
+    """The "parser" of a wrapper token: the block is the token alone, and nothing is counted."""
+
+    counts_malformed = False
+
+    def step(self, text: str, final: bool) -> Step:
+        return Step("done")
+
+
+_WRAPPER = _Wrapper()
 
 
 @dataclass(frozen=True)
@@ -164,10 +211,12 @@ class ExtractOptions:
     """The model writes harmony (gpt-oss): its channels say what is reasoning, with tools or without."""
     dialect: str = "harmony"
     """Which messages ``harmony`` reads (a key of :data:`MESSAGE_DIALECTS`): Muse Glimmer's are ``glimmer``."""
+    wrappers: tuple[str, ...] = ()
+    """Tokens around the answer that are not content (:data:`CONTENT_WRAPPERS`): dropped where they stand."""
 
     @property
     def active(self) -> bool:
-        return self.calls is not None or self.reasoning or self.harmony
+        return self.calls is not None or self.reasoning or self.harmony or bool(self.wrappers)
 
 
 class TextExtractor:
@@ -183,10 +232,14 @@ class TextExtractor:
             raise ValueError(f"unknown tool-call format {options.calls!r}")
         self._options = options
         self._ids = ids
-        self._markers = FORMATS[options.calls] if options.calls else ()
+        self._wrappers = frozenset(options.wrappers)
+        self._markers = (FORMATS[options.calls] if options.calls else ()) + options.wrappers
         self._marker_starts = frozenset(m[0] for m in self._markers)
         """The characters a marker starts with: a piece with none of them holds no call (:meth:`feed`)."""
         self._bare = _BARE_OPENERS.get(options.calls or "") if options.tools else None
+        self._opened = options.calls in OPENED_BY_PROMPT
+        self._reasoning_calls = options.calls in CALLS_IN_REASONING
+        self._after_call = "content"  # the phase a call block returns to
         if not options.reasoning:
             self._phase = "content"
         else:
@@ -220,7 +273,7 @@ class TextExtractor:
         if (
             self._phase == "content"
             and not self._trim
-            and (not self._at_start or self._bare is None)
+            and (not self._at_start or (self._bare is None and not self._opened))
             and (not self._buffer or self._buffer.isspace())
             and self._marker_starts.isdisjoint(text)
         ):
@@ -236,6 +289,7 @@ class TextExtractor:
             and not self._buffer
             and text
             and self._think_close[0] not in text
+            and not (self._reasoning_calls and not self._marker_starts.isdisjoint(text))
         ):
             return [Reasoning(text)]
         self._buffer += text
@@ -319,23 +373,49 @@ class TextExtractor:
         if not self._trimmed():
             return False
         end = self._buffer.find(self._think_close)
+        if self._reasoning_calls and self._call_in_reasoning(out, end):
+            return True
         if end >= 0:
             if end:
                 out.append(Reasoning(self._buffer[:end]))
             self._buffer = self._buffer[end + len(self._think_close) :]
             self._phase, self._trim = "content", True
             return True
-        keep = 0 if final else held_suffix(self._buffer, (self._think_close,))
+        held = (self._think_close, *self._markers) if self._reasoning_calls else (self._think_close,)
+        keep = 0 if final else held_suffix(self._buffer, held)
         cut = len(self._buffer) - keep
         if cut:
             out.append(Reasoning(self._buffer[:cut]))
             self._buffer = self._buffer[cut:]
         return False
 
+    def _call_in_reasoning(self, out: list[Event], end: int) -> bool:
+        """A call's start marker before the reasoning's close (``end``, -1 when none yet): read the call, and
+        then the reasoning again (:data:`CALLS_IN_REASONING`)."""
+        buffer = self._buffer
+        limit = end if end >= 0 else len(buffer)
+        found = min(((i, m) for m in self._markers if (i := buffer.find(m, 0, limit)) >= 0), default=None)
+        if found is None:
+            return False
+        index, marker = found
+        before = buffer[:index]
+        text = before.rstrip()
+        if text:
+            out.append(Reasoning(text))
+        self._marker = before[len(text) :] + marker
+        self._buffer = buffer[index + len(marker) :]
+        self._begin(self._parser_for(marker))
+        self._after_call = "reasoning"
+        return True
+
     def _content(self, out: list[Event], final: bool) -> bool:
         if not self._trimmed():
             return False
         if self._at_start and self._bare is not None and self._open_bare(final):
+            return True
+        if self._at_start and self._opened:
+            self._at_start, self._marker = False, ""
+            self._begin(self._parser_for(self._markers[0]))
             return True
         buffer = self._buffer
         found = min(((i, m) for m in self._markers if (i := buffer.find(m)) >= 0), default=None)
@@ -377,6 +457,8 @@ class TextExtractor:
         return True
 
     def _parser_for(self, marker: str) -> CallParser:
+        if marker in self._wrappers:
+            return _WRAPPER
         if marker == TOOL_CALLS:
             return MistralParser(self._options.tools.keys())
         if marker == PYTHON_TAG:
@@ -389,6 +471,10 @@ class TextExtractor:
             return SectionParser(KIMI)
         if marker == SOLAR_SECTION:
             return SectionParser(SOLAR)
+        if marker == KIMI_K3_OPEN:
+            return KimiK3Parser(self._options.tools)
+        if marker == SEGMENT:
+            return FunctionaryV32Parser(self._options.tools)
         if marker == MINIMAX_M3_OPEN:
             return MiniMaxM3Parser(self._options.tools)
         if marker == MINIMAX_M2_OPEN:
@@ -434,11 +520,12 @@ class TextExtractor:
             if step.consumed == 0 and self._block_calls == 0:
                 literal = self._marker + self._buffer[: step.literal]
                 if literal:
-                    out.append(Content(literal))
+                    out.append(Reasoning(literal) if self._after_call == "reasoning" else Content(literal))
                 self._buffer = self._buffer[step.literal :]
             else:
                 self._buffer = self._buffer[step.consumed :]
-        self._parser, self._phase, self._marker = None, "content", ""
+        self._parser, self._phase, self._marker = None, self._after_call, ""
+        self._after_call = "content"
         return True
 
     def _emit(self, call: ParsedCall, out: list[Event]) -> None:

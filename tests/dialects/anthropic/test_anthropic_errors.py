@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 import anthropic
 import orjson
 import pytest
@@ -17,7 +15,8 @@ from engine_launcher.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.sse import EventDecoder
-from tests.mock_engine import MockEngine, Received, chunk
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers, streams
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -33,13 +32,7 @@ async def url(make_proxy: MakeProxy) -> str:
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages") -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data) as response:
-        raw = await response.read()
-        try:
-            return response.status, orjson.loads(raw), response.headers
-        except orjson.JSONDecodeError:
-            return response.status, raw, response.headers
+    return await send_and_read(url, body, path)
 
 
 def request(stream: bool = False, **extra: Any) -> dict[str, Any]:
@@ -126,14 +119,7 @@ async def test_an_engine_stream_that_ends_before_it_begins_is_diagnosed(url: str
 
 
 async def test_an_empty_stream_from_an_engine_that_then_answers_is_a_502(url: str, engine: MockEngine) -> None:
-    async def empty_stream(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    engine.then(empty_stream)
+    engine.then(streams(b"data: [DONE]\n\n"))
     status, reply, _ = await post(url, request(stream=True))
     assert status == 502
     assert_anthropic_error(reply, "api_error", "ended the stream without answering")
@@ -177,11 +163,7 @@ async def test_engine_down_is_a_502_api_error(stream: bool, make_proxy_to: MakeP
 
 
 async def test_engine_silent_past_the_read_timeout_is_a_504(engine: MockEngine, make_proxy: MakeProxy) -> None:
-    async def hang(request: web.Request, received: Received) -> web.StreamResponse:
-        await asyncio.sleep(10)
-        raise AssertionError("not reached")
-
-    engine.then(hang)
+    engine.then(never_answers(seconds=10))
     async with make_proxy.running(upstream_read_timeout=0.3) as (url, _):
         status, reply, _ = await post(url, request())
     assert status == 504
@@ -205,15 +187,7 @@ async def test_an_engine_that_is_not_ready_is_overloaded(engine: MockEngine, mak
 
 
 async def test_failure_mid_stream_ends_with_an_error_event_and_no_done(url: str, engine: MockEngine) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"role": "assistant", "content": "partial"}) + b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    engine.then(breaks)
+    engine.then(breaks_off(chunk({"role": "assistant", "content": "partial"}) + b'data: {"half": '))
     status, raw, _ = await post(url, request(stream=True))
     assert status == 200
     events = [(e.event, orjson.loads(e.data)) for e in EventDecoder().feed(raw)]
@@ -225,18 +199,8 @@ async def test_failure_mid_stream_ends_with_an_error_event_and_no_done(url: str,
 
 
 async def test_engine_error_event_mid_stream_and_a_stream_without_a_finish(url: str, engine: MockEngine) -> None:
-    async def sends(frames: bytes) -> Any:
-        async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            await response.write(chunk({"content": "x"}) + frames)
-            await response.write_eof()
-            return response
-
-        return handler
-
-    engine.then(await sends(b'data: {"error": {"message": "out of memory"}}\n\n'))
-    engine.then(await sends(b"data: [DONE]\n\n"))
+    engine.then(streams(chunk({"content": "x"}) + b'data: {"error": {"message": "out of memory"}}\n\n'))
+    engine.then(streams(chunk({"content": "x"}) + b"data: [DONE]\n\n"))
     async with anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0) as sdk:
         for expected in ("out of memory", "before it finished the message"):
             with pytest.raises(anthropic.APIStatusError, match=expected):
@@ -254,14 +218,7 @@ async def test_malformed_engine_answers_are_502s(url: str, engine: MockEngine) -
     assert_anthropic_error(reply, "api_error", "invalid JSON")
     bad_call = {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}
 
-    async def nameless(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "x"}) + b"data: " + orjson.dumps(bad_call) + b"\n\n")
-        await response.write_eof()
-        return response
-
-    engine.then(nameless)
+    engine.then(streams(chunk({"content": "x"}) + b"data: " + orjson.dumps(bad_call) + b"\n\n"))
     status, raw, _ = await post(url, request(stream=True))
     assert status == 200 and raw.endswith(b"\n\n")
     last = list(EventDecoder().feed(raw))[-1]

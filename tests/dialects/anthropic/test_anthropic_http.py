@@ -15,6 +15,7 @@ from anthropic import AsyncAnthropic
 from proxy.sse import EventDecoder
 from tests.claude_code_fixture import TOOL_NAMES, claude_code_request
 from tests.mock_engine import MockEngine, Received, chunk, completion
+from tests.support.http import leave_mid_stream, send_and_read
 from tests.support.proxies import MakeProxy
 
 pytestmark = pytest.mark.asyncio
@@ -71,13 +72,7 @@ WEATHER = {
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages", **kw: Any) -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data, **kw) as response:
-        raw = await response.read()
-        try:
-            return response.status, orjson.loads(raw), response.headers
-        except orjson.JSONDecodeError:
-            return response.status, raw, response.headers
+    return await send_and_read(url, body, path, **kw)
 
 
 def sse_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -424,11 +419,7 @@ async def test_billing_stamp_normalization_can_be_turned_off(engine: MockEngine,
 async def test_client_disconnect_mid_stream_stops_the_engine(engine: MockEngine, proxy: Any) -> None:
     engine.stream_word_count = 1000
     engine.stream_delay = 0.01
-    session = aiohttp.ClientSession()
     body = {"model": "c", "max_tokens": 8, "stream": True, "messages": HI}
-    response = await session.post(await proxy() + "/v1/messages", json=body)
-    await response.content.readuntil(b"text_delta")
-    response.close()
-    await session.close()
+    await leave_mid_stream(await proxy(), "/v1/messages", b"text_delta", json=body)
     await engine.wait_cancelled()
     assert len(engine.cancelled) == 1

@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 from anthropic import AsyncAnthropic
 
-from proxy.cli import _settings, build_parser
+from proxy.cli import build_parser
+from proxy.cli.common import command_settings
 from proxy.config import ApiMode, Settings
 from proxy.dialects.anthropic.request import plan_translation
 from proxy.dialects.anthropic.routes import messages_mode
@@ -19,6 +20,7 @@ from proxy.engine.client import prepare_chat_body
 from proxy.engine.token_count import ChatTemplate, estimate_tokens
 from tests.mock_engine import MockEngine, Received
 from tests.real_engine import TEMPLATE
+from tests.support.http import send_and_read
 from tests.support.proxies import MakeProxy
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -43,13 +45,7 @@ def proxy(make_proxy: MakeProxy) -> MakeProxy:
 
 
 async def post(url: str, body: Any, path: str = "/v1/messages", **kw: Any) -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data, **kw) as response:
-        raw = await response.read()
-        try:
-            return response.status, orjson.loads(raw), response.headers
-        except orjson.JSONDecodeError:
-            return response.status, raw, response.headers
+    return await send_and_read(url, body, path, **kw)
 
 
 CLIENT_HEADERS = {
@@ -177,7 +173,7 @@ def test_mode_setting_auto_follows_the_engine_kind_and_the_cli_overrides() -> No
     assert messages_mode(Settings(messages_mode="auto", engine_kind="llama-server")) is ApiMode.NATIVE
     assert messages_mode(Settings(messages_mode="auto", engine_kind="llama-cpp-python")) is ApiMode.TRANSLATE
     args = build_parser().parse_args(["proxy", "--upstream", "http://e", "--messages-mode", "native"])
-    assert _settings(args, "upstream", "messages_mode").messages_mode == "native"
+    assert command_settings(args, "upstream", "messages_mode").messages_mode == "native"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["proxy", "--messages-mode", "sometimes"])
 

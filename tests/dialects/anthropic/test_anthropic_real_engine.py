@@ -24,6 +24,7 @@ from anthropic import AsyncAnthropic
 from proxy.config import Settings
 from tests.conftest import start_app
 from tests.real_engine import TEMPLATE, RealEngine
+from tests.support.conversations import anthropic_calls, weather_uses
 from tests.support.proxies import MakeProxy
 
 
@@ -150,15 +151,7 @@ TOOLS_HISTORY: dict[str, Any] = {
     "tools": [WEATHER],
     "messages": [
         QUESTION,
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "thinking", "thinking": "Two calls.", "signature": "s"},
-                {"type": "text", "text": "Checking both."},
-                {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {"city": "Paris"}},
-                {"type": "tool_use", "id": "toolu_b", "name": "get_weather", "input": {"city": "Oslo"}},
-            ],
-        },
+        anthropic_calls(*weather_uses(), thinking="Two calls.", text="Checking both."),
         {
             "role": "user",
             "content": [

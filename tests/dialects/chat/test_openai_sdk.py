@@ -8,22 +8,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.conftest import Stack
+from tests.support.conversations import parallel_weather
 
 pytestmark = pytest.mark.asyncio
 
-MESSAGES: list[Any] = [
-    {"role": "user", "content": "Weather in Paris and Oslo?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_2", "content": "-3C"},
-    {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
-]
+MESSAGES: list[Any] = parallel_weather("18C", "-3C", ids=("call_1", "call_2"))
 
 
 def client(stack: Stack) -> AsyncOpenAI:

@@ -17,8 +17,10 @@ from openai import AsyncOpenAI
 
 from proxy.config import Settings
 from tests.conftest import Stack
-from tests.mock_engine import MockEngine, Received, chunk, completion
+from tests.mock_engine import MockEngine, Received, breaks_off, chunk, completion, streams
+from tests.support.http import leave_mid_stream, send_and_read
 from tests.support.proxies import MakeProxy, proxy_app
+from tests.support.responses_events import failed_response
 
 pytestmark = pytest.mark.asyncio
 
@@ -89,14 +91,7 @@ def tool_ids(received: Received) -> list[Any]:
 
 
 async def post(url: str, body: Any, path: str = "/v1/responses") -> tuple[int, Any, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with aiohttp.ClientSession() as session, session.post(url + path, data=data) as response:
-        raw = await response.read()
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = raw
-        return response.status, parsed, response.headers
+    return await send_and_read(url, body, path)
 
 
 def sse_events(raw: bytes) -> list[dict[str, Any]]:
@@ -403,25 +398,11 @@ async def test_engine_garbage_is_a_502(stack: Stack) -> None:
 
 
 async def test_engine_breaking_mid_stream_ends_with_response_failed(stack: Stack) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(chunk({"content": "partial"}) + b'data: {"half": ')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    stack.engine.then(breaks)
+    stack.engine.then(breaks_off(chunk({"content": "partial"}) + b'data: {"half": '))
     status, raw, _ = await post(stack.url, {"input": "x", "stream": True})
     assert status == 200
     events = sse_events(raw)
-    assert [e["type"] for e in events[-3:]] == [
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.failed",
-    ]
-    failed = events[-1]["response"]
-    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    failed = failed_response(events)
     assert stack.engine.url in failed["error"]["message"]
     assert failed["output"][0]["content"][0]["text"] == "partial"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -440,11 +421,9 @@ async def test_incomplete_stream_reaches_the_sdk_as_response_incomplete(stack: S
 async def test_client_leaving_mid_stream_stops_the_engine(stack: Stack) -> None:
     stack.engine.stream_word_count = 1000
     stack.engine.stream_delay = 0.01
-    session = aiohttp.ClientSession()
-    response = await session.post(stack.url + "/v1/responses", data=orjson.dumps({"input": "x", "stream": True}))
-    await response.content.readuntil(b"output_text.delta")
-    response.close()
-    await session.close()
+    await leave_mid_stream(
+        stack.url, "/v1/responses", b"output_text.delta", data=orjson.dumps({"input": "x", "stream": True})
+    )
     await stack.engine.wait_cancelled()
     assert len(stack.engine.cancelled) == 1
 
@@ -467,14 +446,7 @@ def fco(call_id: str) -> dict[str, Any]:
 
 
 async def test_native_mode_forwards_ordered_and_relays_the_engine_stream(native: Stack) -> None:
-    async def engine_responses(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'event: response.created\ndata: {"type":"response.created"}\n\n')
-        await response.write_eof()
-        return response
-
-    native.engine.then(engine_responses)
+    native.engine.then(streams(b'event: response.created\ndata: {"type":"response.created"}\n\n'))
     body = {
         "model": "m",
         "stream": True,
@@ -495,14 +467,7 @@ async def test_native_mode_keeps_client_bytes_when_nothing_moves(native: Stack) 
 
 
 async def test_native_mode_engine_breaking_mid_stream_ends_with_an_error_event(native: Stack) -> None:
-    async def breaks(request: web.Request, received: Received) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\nda')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
+    breaks = breaks_off(b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\nda')
     native.engine.then(breaks)
     status, raw, _ = await post(native.url, {"model": "m", "input": "x", "stream": True})
     assert status == 200
@@ -526,9 +491,10 @@ async def test_responses_mode_setting_is_validated() -> None:
 
 
 async def test_cli_responses_mode_option() -> None:
-    from proxy.cli import _settings, build_parser
+    from proxy.cli import build_parser
+    from proxy.cli.common import command_settings
 
     args = build_parser().parse_args(["proxy", "--upstream", "http://e", "--responses-mode", "native"])
-    assert _settings(args, "upstream", "responses_mode").responses_mode == "native"
+    assert command_settings(args, "upstream", "responses_mode").responses_mode == "native"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["proxy", "--responses-mode", "sometimes"])

@@ -22,6 +22,7 @@ from proxy.dialects.responses.request import ResponsesPlan, plan_native_request,
 from proxy.dialects.responses.stream import ResponsesStream, StreamStateError, chat_to_response, encode
 from proxy.errors import ClientInputError, UpstreamError
 from proxy.sse import EventDecoder
+from tests.support.responses_events import failed_response
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -512,13 +513,7 @@ def test_failure_finishes_the_open_item_then_reports_failed() -> None:
     stream = ResponsesStream(plan_with_tools(), "resp_f", 0)
     events = stream.start() + stream.feed(chunk({"content": "par"}))
     events += stream.fail(UpstreamError("upstream http://e broke off"))
-    assert [e["type"] for e in events[-3:]] == [
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.failed",
-    ]
-    failed = events[-1]["response"]
-    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    failed = failed_response(events)
     assert "broke off" in failed["error"]["message"] and failed["output"][0]["status"] == "incomplete"
     assert not stream.completed
     sdk_replay(events)
