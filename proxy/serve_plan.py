@@ -17,7 +17,6 @@ import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TextIO
 
 from engine_launcher.backends import (
@@ -31,13 +30,13 @@ from engine_launcher.backends import (
     parse_backend,
 )
 from engine_launcher.cpu_features import cpu_flags, missing_instruction_sets
-from engine_launcher.gguf import GGUFError, context_length, read_metadata
+from engine_launcher.gguf import GGUFError, context_length
 from engine_launcher.gguf import chat_template as gguf_chat_template
 from engine_launcher.install import read_record
 from engine_launcher.launch import EngineLaunch, free_port, installed_setting_names
 from engine_launcher.machine import physical_cores, usable_cores
 from engine_launcher.memory import MemoryEstimate, ModelShape
-from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.models import ModelError, serve_model
 from engine_launcher.rpc import parse_endpoints
 from engine_launcher.template_file import template_file_parts
 from proxy.config import ConfigError, Settings
@@ -85,7 +84,7 @@ def _progress(out: TextIO) -> Callable[[int, int], None]:
         percent = done * 100 // max(total, 1)
         if percent // 10 != shown[0] // 10 or done == total:
             shown[0] = percent
-            print(f"assembling the bundled model: {percent}%", file=out, flush=True)
+            print(f"assembling the model: {percent}%", file=out, flush=True)
 
     return report
 
@@ -144,12 +143,9 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     """Resolve model, template, context, memory, offload and engine settings; raise ConfigError on anything unusable."""
     warnings: list[str] = []
     try:
-        if settings.model:
-            model = readable_model(Path(settings.model).expanduser())
-        else:
-            model = bundled_model(progress=_progress(out))
-        metadata = read_metadata(model)
-        template = choose_template(settings.chat_template, metadata)
+        served = serve_model(settings.model, settings.chat_template, progress=_progress(out))
+        model, metadata, template = served.path, served.metadata, served.template.path
+        print(f"chat template: {served.template.describe()}", file=out, flush=True)
         backend_choice = parse_backend(settings.engine_backend)
     except (ModelError, GGUFError, ValueError) as exc:
         if isinstance(exc, ConfigError):

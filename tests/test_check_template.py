@@ -205,19 +205,23 @@ def test_the_renderer_renders_a_template_file_as_the_engines_template_file_forma
     ]
 
 
-def test_the_bundled_model_has_no_template_so_the_check_is_of_servess_chatml_fallback() -> None:
-    """Without --model: the model serve would use, the bundled Gemma, which carries no chat template.
+def test_without_model_the_check_is_of_the_default_models_template_and_gemma_gets_its_family_format() -> None:
+    """Without --model: serve's default model and the template serve hands it, smollm2-tools.json.
 
-    serve then hands the engine config/templates/chatml-tools.json, whose '<tool_response>' blocks hold
-    only message.content: position.
+    The bundled Gemma carries no chat template; serve then hands the engine Gemma's turn format by its
+    architecture (config/templates/gemma-tools.json). Both put only message.content in their
+    '<tool_response>' blocks: position.
     """
+    default = check()
+    assert default.returncode == 1, default.stdout + default.stderr
+    assert f"smollm2-tools.json, toolpair serve's template for {models.DEFAULT_MODEL.file_name}" in default.stdout
+    assert "verdict: position:" in default.stdout
     bundled = models.bundled_model()
-    for args in ((), ("--model", str(bundled))):
-        done = check(*args)
-        assert done.returncode == 1, done.stdout + done.stderr
-        assert f"{bundled.name} has no chat template" in done.stdout
-        assert "chatml-tools.json" in done.stdout
-        assert "verdict: position:" in done.stdout
+    gemma = check("--model", str(bundled))
+    assert gemma.returncode == 1, gemma.stdout + gemma.stderr
+    assert f"gemma-tools.json, toolpair serve's template for {bundled.name}" in gemma.stdout
+    assert "the model has no chat template; its architecture gemma3 is Gemma's turn format" in gemma.stdout
+    assert "verdict: position:" in gemma.stdout
 
 
 def _gguf_with_template(path: Path, template: str) -> Path:

