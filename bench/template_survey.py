@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.models import cache_root  # noqa: E402
-from engine_launcher.template_check import (  # noqa: E402
+from engine_launcher.builder.models import cache_root  # noqa: E402
+from engine_launcher.templates.template_check import (  # noqa: E402
     Pairing,
     Renderer,
     TemplateVerdict,

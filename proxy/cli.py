@@ -14,14 +14,21 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine_launcher.backends import BACKEND_CHOICES, Backend, SystemProbes, build_plan, detect_backend, engine_devices
-from engine_launcher.gguf import GGUFError, read_metadata
-from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.install import InstallError, install_engine, read_record, rpc_server_command
-from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES, child_env
-from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
-from engine_launcher.rpc import DEFAULT_PORT, WILDCARD_HOSTS
-from engine_launcher.template_check import (
+from engine_launcher.builder.backends import (
+    BACKEND_CHOICES,
+    Backend,
+    SystemProbes,
+    build_plan,
+    detect_backend,
+    engine_devices,
+)
+from engine_launcher.builder.gguf import GGUFError, read_metadata
+from engine_launcher.builder.gguf import chat_template as gguf_chat_template
+from engine_launcher.builder.install import InstallError, install_engine, read_record, rpc_server_command
+from engine_launcher.builder.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.inside.rpc import DEFAULT_PORT, WILDCARD_HOSTS
+from engine_launcher.supervise.launch import CACHE_TYPES, SPLIT_MODES, child_env
+from engine_launcher.templates.template_check import (
     Renderer,
     TemplateSource,
     check_template,

@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from engine_launcher.backends import (
+from engine_launcher.builder.backends import (
     RPC_FLAG,
     Backend,
     EngineDevices,
@@ -49,11 +49,15 @@ from engine_launcher.backends import (
     gpu_free_memory,
     parse_backend,
 )
-from engine_launcher.cpu_features import cpu_flags, missing_instruction_sets
-from engine_launcher.gguf import GGUFError, context_length, read_metadata
-from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.install import LLAMA_CPP_VERSION, read_record
-from engine_launcher.launch import (
+from engine_launcher.builder.cpu_features import cpu_flags, missing_instruction_sets
+from engine_launcher.builder.gguf import GGUFError, context_length, read_metadata
+from engine_launcher.builder.gguf import chat_template as gguf_chat_template
+from engine_launcher.builder.install import LLAMA_CPP_VERSION, read_record
+from engine_launcher.builder.machine import available_memory, physical_cores, usable_cores
+from engine_launcher.builder.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.inside.rpc import parse_endpoints
+from engine_launcher.supervise.launch import (
     CACHE_TYPES,
     READY_PATH,
     SPLIT_MODES,
@@ -63,10 +67,8 @@ from engine_launcher.launch import (
     free_port,
     installed_setting_names,
 )
-from engine_launcher.machine import available_memory, physical_cores, usable_cores
-from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
-from engine_launcher.models import ModelError, bundled_model, choose_template, readable_model
-from engine_launcher.process import (
+from engine_launcher.supervise.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
+from engine_launcher.supervise.process import (
     ChildSpec,
     EngineState,
     EngineSupervisor,
@@ -74,8 +76,6 @@ from engine_launcher.process import (
     RestartPolicy,
     Warmup,
 )
-from engine_launcher.rpc import parse_endpoints
-from engine_launcher.template_file import template_file_parts
 from proxy import __version__
 from proxy.app import create_app
 from proxy.config import ConfigError, Settings

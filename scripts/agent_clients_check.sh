@@ -65,7 +65,7 @@ URL="http://127.0.0.1:$PORT"
 started="$(now)"
 if [ "$UPSTREAM" = llama-server ]; then
     LLAMA_SERVER="$(PYTHON="$PYTHON" "$ROOT/scripts/build_llama_server.sh")" || { echo "FAIL: llama-server build"; exit 1; }
-    MODEL="$("$PYTHON" -c 'from engine_launcher.models import bundled_model; print(bundled_model())')"
+    MODEL="$("$PYTHON" -c 'from engine_launcher.builder.models import bundled_model; print(bundled_model())')"
     ENGINE_PORT="$(free_port)"
     "$LLAMA_SERVER" -m "$MODEL" --jinja --host 127.0.0.1 --port "$ENGINE_PORT" -c "${LLAMA_CTX:-32768}" \
         >"$WORK/engine.out" 2>"$WORK/engine.err" &

@@ -74,7 +74,7 @@ if [[ -n "${MODEL_WAIT:-}" ]]; then
     for _ in $(seq "$MODEL_WAIT"); do [[ -f "$MODEL" ]] && break; sleep 1; done
 fi
 
-port=$("$VENV/bin/python" -c "from engine_launcher.launch import free_port; print(free_port())")
+port=$("$VENV/bin/python" -c "from engine_launcher.supervise.launch import free_port; print(free_port())")
 log=$(mktemp -d)/serve.log
 echo "== serve on port $port (log: $log)"
 t=$(now)

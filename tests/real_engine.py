@@ -1,7 +1,7 @@
 """The real llama-cpp-python server with the bundled Gemma 270M model, for tests.
 
 Started once per test session as a plain subprocess on loopback, with the same
-command line that ``toolpair serve`` builds (engine_launcher.launch). Tests that
+command line that ``toolpair serve`` builds (engine_launcher.supervise.launch). Tests that
 need the engine's own view of a request (logprobs, tokenization) talk to it
 directly; everything else goes through toolpair in front of it.
 
@@ -23,11 +23,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_launcher import models
-from engine_launcher.backends import Backend, SystemProbes, engine_devices
-from engine_launcher.install import read_record
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder import models
+from engine_launcher.builder.backends import Backend, SystemProbes, engine_devices
+from engine_launcher.builder.install import read_record
+from engine_launcher.supervise.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
+from engine_launcher.supervise.process import die_with_parent
 
 __all__ = ["CACHE", "TEMPLATE", "RealEngine", "bundled_model", "free_port", "start_real_engine"]
 

@@ -26,10 +26,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.backends import Backend, Detection, EngineDevices, SystemProbes
-from engine_launcher.install import EngineRecord
-from engine_launcher.launch import free_port
-from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model
+from engine_launcher.builder.backends import Backend, Detection, EngineDevices, SystemProbes
+from engine_launcher.builder.install import EngineRecord
+from engine_launcher.builder.models import DEFAULT_TEMPLATE, bundled_model
+from engine_launcher.supervise.launch import free_port
 from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
@@ -396,8 +396,8 @@ def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkey
 
 
 def test_the_memory_estimate_reads_the_models_shape() -> None:
-    from engine_launcher.gguf import read_metadata
-    from engine_launcher.memory import ModelShape, estimate_memory
+    from engine_launcher.builder.gguf import read_metadata
+    from engine_launcher.supervise.memory import ModelShape, estimate_memory
 
     shape = ModelShape.from_metadata(read_metadata(bundled_model()))
     assert shape == ModelShape(18, 4, 1, 256, 256, 262144, sliding_window=512, swa_pattern=6)

@@ -28,7 +28,7 @@ from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from bench import template_survey as survey
-from engine_launcher.template_check import WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
+from engine_launcher.templates.template_check import WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
 from proxy import cli
 from proxy.config import Settings
 from tests.mock_engine import MockEngine, answers

@@ -124,7 +124,7 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         # After a stream that fails inside it, its server announces keep-alive
         # but closes the socket, so the next request on that connection breaks.
         reuses_connections=False,
-        # toolpair's engine (engine_launcher.engine_main) reads it per request.
+        # toolpair's engine (engine_launcher.inside.engine_main) reads it per request.
         template_kwargs=True,
     ),
     EngineKind.LLAMA_SERVER: EngineProfile(

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine_launcher.chat_template import render_prompt
+from engine_launcher.templates.chat_template import render_prompt
 from proxy.engine.toolcalls import Content, Event, ExtractOptions, TextExtractor, ToolCall
 from tests.engine.test_toolcalls import counting_ids, merged
 from tests.support.survey import survey

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher.backends import (
+from engine_launcher.builder.backends import (
     CUDA_NO_VMM_FLAG,
     NO_AMX_FLAGS,
     PORTABLE_FLAG,

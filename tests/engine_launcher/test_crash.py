@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_launcher.cpu_features import cpu_flags
-from engine_launcher.crash import diagnose, signal_name
+from engine_launcher.builder.cpu_features import cpu_flags
+from engine_launcher.supervise.crash import diagnose, signal_name
 
 AMX_LOG = ["load_tensors:          AMX model buffer size =   213.91 MiB", "graph_reserve: ..."]
 AMX_CPU = {"avx512f", "amx_tile", "amx_int8", "amx_bf16"}

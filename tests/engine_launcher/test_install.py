@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher import install
-from engine_launcher.backends import (
+from engine_launcher.builder import install
+from engine_launcher.builder.backends import (
     NO_AMX_FLAGS,
     PORTABLE_FLAG,
     RPC_FLAG,
@@ -31,8 +31,8 @@ from engine_launcher.backends import (
     EngineDevices,
     build_plan,
 )
-from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
-from engine_launcher.install import (
+from engine_launcher.builder.cpu_features import cpu_flags, instruction_sets, is_native_build
+from engine_launcher.builder.install import (
     LLAMA_CPP_VERSION,
     BuildProgress,
     EngineRecord,

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher import models
-from engine_launcher.gguf import GGUFError, chat_template, context_length, read_metadata
-from engine_launcher.launch import (
+from engine_launcher.builder import models
+from engine_launcher.builder.gguf import GGUFError, chat_template, context_length, read_metadata
+from engine_launcher.builder.models import (
+    DEFAULT_TEMPLATE,
+    ModelError,
+    bundled_model,
+    cache_root,
+    check_template,
+    choose_template,
+)
+from engine_launcher.supervise.launch import (
     CACHE_TYPES,
     SERVER_SETTING_NAMES,
     SPLIT_MODES,
@@ -18,14 +26,6 @@ from engine_launcher.launch import (
     engine_command,
     engine_env,
     installed_setting_names,
-)
-from engine_launcher.models import (
-    DEFAULT_TEMPLATE,
-    ModelError,
-    bundled_model,
-    cache_root,
-    check_template,
-    choose_template,
 )
 
 
@@ -155,7 +155,7 @@ def test_the_shipped_template_is_usable() -> None:
 def test_engine_command_line() -> None:
     launch = EngineLaunch(Path("/m/x.gguf"), 8123, "key", 4096, -1, DEFAULT_TEMPLATE, python="/py")
     command = engine_command(launch)
-    assert command[:4] == ["/py", "-m", "engine_launcher.engine_main", "llama_cpp.server"]
+    assert command[:4] == ["/py", "-m", "engine_launcher.inside.engine_main", "llama_cpp.server"]
     options = dict(zip(command[4::2], command[5::2], strict=True))
     assert options == {
         "--model": "/m/x.gguf",

@@ -25,11 +25,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine_launcher.backends import RPC_FLAG
-from engine_launcher.install import EngineRecord, read_record
-from engine_launcher.launch import EngineLaunch, engine_command, free_port
-from engine_launcher.process import die_with_parent
-from engine_launcher.rpc import parse_endpoints, split_endpoint, unreachable
+from engine_launcher.builder.backends import RPC_FLAG
+from engine_launcher.builder.install import EngineRecord, read_record
+from engine_launcher.inside.rpc import parse_endpoints, split_endpoint, unreachable
+from engine_launcher.supervise.launch import EngineLaunch, engine_command, free_port
+from engine_launcher.supervise.process import die_with_parent
 from proxy import serve
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
@@ -59,11 +59,11 @@ def test_worker_addresses_are_checked() -> None:
 
 def test_the_engine_starts_through_the_rpc_module_only_with_workers() -> None:
     plain = EngineLaunch(Path("m.gguf"), 1, "k", 8, python="py")
-    assert engine_command(plain)[:4] == ["py", "-m", "engine_launcher.engine_main", "llama_cpp.server"]
+    assert engine_command(plain)[:4] == ["py", "-m", "engine_launcher.inside.engine_main", "llama_cpp.server"]
     assert "--rpc_servers" not in engine_command(plain)
     split = EngineLaunch(Path("m.gguf"), 1, "k", 8, python="py", rpc_servers=("h:1", "h:2"))
     command = engine_command(split)
-    assert command[:4] == ["py", "-m", "engine_launcher.engine_main", "engine_launcher.rpc"]
+    assert command[:4] == ["py", "-m", "engine_launcher.inside.engine_main", "engine_launcher.inside.rpc"]
     assert command[-2:] == ["--rpc_servers", "h:1,h:2"]
 
 

@@ -25,10 +25,10 @@ import pytest
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from engine_launcher.backends import Backend, SystemProbes, detect_backend, parse_vulkaninfo
-from engine_launcher.install import read_record, record_path
-from engine_launcher.launch import free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder.backends import Backend, SystemProbes, detect_backend, parse_vulkaninfo
+from engine_launcher.builder.install import read_record, record_path
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 from tests.engine.test_engine_real import TWO_CALLS_GRAMMAR
 from tests.real_engine import offloaded_layers
 from tests.support.serve import start_serve

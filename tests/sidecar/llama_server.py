@@ -23,9 +23,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from engine_launcher.launch import free_port
-from engine_launcher.models import bundled_model
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder.models import bundled_model
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
 
 __all__ = ["MODEL_ALIAS", "RecordingHop", "Sent", "llama_server_binary", "start_llama_server", "start_sidecar"]

@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 from openai import AsyncOpenAI
 
-from engine_launcher.launch import free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 
 __all__ = [
     "ROOT",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import template_survey as survey
-from engine_launcher.template_check import conversation, render, template_from_file_text
+from engine_launcher.templates.template_check import conversation, render, template_from_file_text
 from proxy.engine.toolcalls import Content, Event, ExtractOptions, Reasoning, TextExtractor
 
 __all__ = ["every_split", "extract", "rendered_history", "rendered_reply", "template_text"]

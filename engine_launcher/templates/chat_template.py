@@ -30,7 +30,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
-from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
+from engine_launcher.templates.tool_call_arguments import render_with_object_arguments, with_object_arguments
 
 __all__ = [
     "FORMATTER_NAMES",
@@ -175,7 +175,7 @@ def render_prompt(
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
     ``template_kwargs``: a request's ``chat_template_kwargs`` (``enable_thinking``), which the engine adds
-    to what the template sees (:func:`engine_launcher.engine_main.take_template_kwargs_per_request`).
+    to what the template sees (:func:`engine_launcher.inside.engine_main.take_template_kwargs_per_request`).
     ``add_generation_prompt`` False renders a finished conversation (the model's own turns as written).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"

@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from engine_launcher.models import cache_root
+from engine_launcher.builder.models import cache_root
 
 __all__ = [
     "BACKEND_CHOICES",
@@ -621,7 +621,7 @@ class CudaToolkit:
     The wheels share one tree, ``nvidia/cu13/{bin,include,lib,nvvm}``; the
     install adds what a system toolkit has and the wheels lack (the
     ``targets/<arch>-linux`` directories nvcc.profile names, ``lib64``,
-    unversioned ``.so`` links for CMake), see ``engine_launcher.install``.
+    unversioned ``.so`` links for CMake), see ``engine_launcher.builder.install``.
     """
 
     home: Path

@@ -26,7 +26,7 @@ compute: an HTTP server that answers proves only that the model loaded, and
 the first matrix multiply is where a build for another CPU, or llama.cpp's AMX
 path, dies. "Ready" means it generated.
 
-An exit by a signal is diagnosed (:mod:`engine_launcher.crash`): the reason a
+An exit by a signal is diagnosed (:mod:`engine_launcher.supervise.crash`): the reason a
 failed start, a restart or a give-up reports names the signal, what the
 engine was doing, and for known causes what to do. :meth:`crash_since`
 hands the same diagnosis to a request the crash cut off.
@@ -60,8 +60,8 @@ from typing import Any
 
 import aiohttp
 
-from engine_launcher.cpu_features import cpu_flags
-from engine_launcher.crash import Diagnosis, diagnose
+from engine_launcher.builder.cpu_features import cpu_flags
+from engine_launcher.supervise.crash import Diagnosis, diagnose
 
 __all__ = [
     "ChildSpec",

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from engine_launcher.backends import (
+from engine_launcher.builder.backends import (
     Backend,
     BuildPlan,
     CudaToolkit,
@@ -57,8 +57,8 @@ from engine_launcher.backends import (
     engine_devices,
     install_hint,
 )
-from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
-from engine_launcher.models import cache_root, sha256_file
+from engine_launcher.builder.cpu_features import cpu_flags, instruction_sets, is_native_build
+from engine_launcher.builder.models import cache_root, sha256_file
 
 __all__ = [
     "LLAMA_CPP_VERSION",
@@ -151,7 +151,7 @@ def build_directory(
     """Where the wheel for ``backend`` built with exactly ``cmake_args`` lives.
 
     A native build is also keyed by ``cpu``, the instruction sets it may use
-    (:mod:`engine_launcher.cpu_features`): a cache shared with another CPU never
+    (:mod:`engine_launcher.builder.cpu_features`): a cache shared with another CPU never
     hands it a wheel that stops with SIGILL.
 
     >>> build_directory(Backend.CPU, ["-DGGML_RPC=ON"], Path("/c")).parent

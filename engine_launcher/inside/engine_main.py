@@ -1,6 +1,6 @@
 """Run llama-cpp-python's server with its RAM prompt cache bounded by what it really holds.
 
-``python -m engine_launcher.engine_main llama_cpp.server --model ...`` applies
+``python -m engine_launcher.inside.engine_main llama_cpp.server --model ...`` applies
 the fix below, then runs the server module exactly as ``python -m`` would.
 
 Why: llama-cpp-python's RAM cache keeps its entries under ``cache_size`` by
@@ -33,10 +33,10 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from engine_launcher.backends import truthy
-from engine_launcher.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
-from engine_launcher.template_file import template_file_parts
-from engine_launcher.tool_call_arguments import render_with_object_arguments
+from engine_launcher.builder.backends import truthy
+from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.templates.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
+from engine_launcher.templates.tool_call_arguments import render_with_object_arguments
 
 __all__ = [
     "bound_prompt_cache",
@@ -92,12 +92,13 @@ def _first_logits_row(model: Any) -> Iterator[None]:
 
 
 def render_chat_templates_as_models_expect() -> None:
-    """Have the engine render chat templates as :mod:`engine_launcher.chat_template` says.
+    """Have the engine render chat templates as :mod:`engine_launcher.templates.chat_template` says.
 
     A model's own template (``Jinja2ChatFormatter``) gets tool-call arguments as objects. A template
     file (``--chat_format hf-tokenizer-config``: ``serve --chat-template-file`` and the bundled
     model's ChatML) is rendered by that same formatter, with a generation prompt, instead of plain
-    jinja2 with an empty assistant message appended. Both run in :class:`~.chat_template.TemplateSandbox`.
+    jinja2 with an empty assistant message appended. Both run in
+    :class:`~engine_launcher.templates.chat_template.TemplateSandbox`.
     """
     chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
     if getattr(chat_format, "_toolpair_templates", False):
@@ -257,7 +258,7 @@ def keep_weights_off_amx(
 
     llama.cpp repacks weights into its AMX buffer on CPUs with AMX, and the first
     matrix multiply there segfaults (llama.cpp #20824). toolpair's own builds
-    leave AMX out (see ``engine_launcher.backends.NO_AMX_FLAGS``); this covers an
+    leave AMX out (see ``engine_launcher.builder.backends.NO_AMX_FLAGS``); this covers an
     engine built elsewhere with it in. ``use_extra_bufts = false`` is the one
     switch llama.cpp offers, and it also turns off the other repacked CPU
     kernels, so it is used only where AMX is present. ``TOOLPAIR_ENGINE_AMX=1``
@@ -277,7 +278,7 @@ def keep_weights_off_amx(
 
 def main() -> None:
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m engine_launcher.engine_main MODULE [ARGS...]")
+        sys.exit("usage: python -m engine_launcher.inside.engine_main MODULE [ARGS...]")
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     bound_prompt_cache()
