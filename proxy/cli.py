@@ -14,18 +14,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine_launcher.builder.backends import (
-    BACKEND_CHOICES,
-    Backend,
-    SystemProbes,
-    build_plan,
-    detect_backend,
-    engine_devices,
-)
+from engine_launcher.builder.backends import BACKEND_CHOICES, build_plan, detect_backend
 from engine_launcher.builder.gguf import GGUFError, read_metadata
 from engine_launcher.builder.gguf import chat_template as gguf_chat_template
-from engine_launcher.builder.install import InstallError, install_engine, read_record, rpc_server_command
+from engine_launcher.builder.install import InstallError, install_engine, rpc_server_command
+from engine_launcher.builder.machine import this_machine
 from engine_launcher.builder.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.builder.plan import EngineSettings, plan_engine
+from engine_launcher.builder.record import read_record
 from engine_launcher.inside.rpc import DEFAULT_PORT, WILDCARD_HOSTS
 from engine_launcher.supervise.launch import CACHE_TYPES, SPLIT_MODES, child_env
 from engine_launcher.templates.template_check import (
@@ -618,12 +614,11 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     assert record is not None
-    # The worker offers the devices serve's engine would use, with the same environment (process_env).
-    devices = None
-    if record.gpu:
-        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
-    if devices is not None and devices.problem and devices.fatal:  # as serve: rpc-server would fail too
-        print(f"toolpair rpc-worker: {devices.problem}", file=sys.stderr)
+    # The worker offers the devices serve's engine would use, with the same environment: serve's plan.
+    engine = plan_engine(EngineSettings(), this_machine(), record, os.environ)
+    devices = engine.devices
+    if engine.refusal is not None:  # as serve: rpc-server would fail too
+        print(f"toolpair rpc-worker: {engine.refusal}", file=sys.stderr)
         return 2
     if devices is not None and devices.problem:
         print(f"toolpair rpc-worker: warning: {devices.problem}", file=sys.stderr)
@@ -637,7 +632,7 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
     stdbuf = shutil.which("stdbuf")
     if stdbuf is not None:
         command = [stdbuf, "-oL", *command]
-    os.execve(command[0], command, child_env(os.environ, record.process_env(devices)))
+    os.execve(command[0], command, child_env(os.environ, engine.env))
 
 
 def _serve_template(settings: Settings) -> TemplateSource:
@@ -697,16 +692,17 @@ def _wrapped(text: str) -> str:
 def _run_engine(args: argparse.Namespace) -> int:
     settings = load_settings({"engine_backend": getattr(args, "backend", None)}, config_file=args.config)
     if args.engine_command == "detect":
-        probes = SystemProbes()
-        found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
-        plan = build_plan(found, os.environ, probes)
+        machine = this_machine()
+        found = detect_backend(os.environ, machine, explicit=settings.engine_backend)
+        plan = build_plan(found, os.environ, machine.probes, amx=settings.engine_amx)
         print(f"backend: {found.backend.value}\nreason: {found.reason}")
         print(f"CMAKE_ARGS: {plan.env.get('CMAKE_ARGS', '')}")
         for problem in plan.problems:
             print(f"warning: {problem}")
         return 0
     try:
-        install_engine(settings.engine_backend, rebuild=args.rebuild, portable=args.portable, amx=args.amx)
+        amx = bool(args.amx) or settings.engine_amx
+        install_engine(settings.engine_backend, rebuild=args.rebuild, portable=args.portable, amx=amx)
     except (InstallError, ValueError) as exc:
         print(f"toolpair: {exc}", file=sys.stderr)
         return 1

@@ -144,6 +144,7 @@ class Settings:
     model: str | None = None
     chat_template: str | None = None
     engine_backend: str = "auto"
+    engine_amx: bool = False  # llama.cpp's AMX weight path: built in by `engine install`, loaded by `serve`
     engine_gpu_layers: int | None = None
     engine_start_timeout: float = 300.0
     engine_ready_wait: float = 60.0

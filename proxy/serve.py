@@ -37,24 +37,14 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from engine_launcher.builder.backends import (
-    RPC_FLAG,
-    Backend,
-    EngineDevices,
-    ProbedOnce,
-    Probes,
-    SystemProbes,
-    detect_backend,
-    engine_devices,
-    gpu_free_memory,
-    parse_backend,
-)
-from engine_launcher.builder.cpu_features import cpu_flags, missing_instruction_sets
+from engine_launcher.builder.backends import EngineDevices, parse_backend
 from engine_launcher.builder.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.builder.gguf import chat_template as gguf_chat_template
-from engine_launcher.builder.install import LLAMA_CPP_VERSION, read_record
-from engine_launcher.builder.machine import available_memory, physical_cores, usable_cores
+from engine_launcher.builder.install import LLAMA_CPP_VERSION
+from engine_launcher.builder.machine import this_machine
 from engine_launcher.builder.models import ModelError, bundled_model, choose_template, readable_model
+from engine_launcher.builder.plan import EngineSettings, plan_engine
+from engine_launcher.builder.record import read_record
 from engine_launcher.builder.template_file import template_file_parts
 from engine_launcher.inside.rpc import parse_endpoints
 from engine_launcher.supervise.launch import (
@@ -233,9 +223,8 @@ def _memory_plan(
     shape: ModelShape | None,
     model: Path,
     trained: int | None,
-    gpu_layers: int,
-    backend: str,
-    probes: Probes,
+    ram: int | None,
+    vram: int | None,
 ) -> tuple[int, MemoryEstimate | None, int | None, list[str]]:
     """n_ctx, its memory estimate, the budget it was checked against, and what start-up should say about it."""
     wanted = settings.engine_ctx_size or trained or _FALLBACK_CTX
@@ -260,9 +249,7 @@ def _memory_plan(
         )
 
     # A GPU build with every layer offloaded holds weights, KV cache and compute buffers in GPU
-    # memory; what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
-    ram = available_memory()
-    vram = gpu_free_memory(os.environ, probes) if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
+    # memory (``vram``, the engine plan's); what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
 
     engines = settings.engine_parallel  # --parallel N: N engines, each needing all of it
 
@@ -314,7 +301,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
             model = bundled_model(progress=_progress(out))
         metadata = read_metadata(model)
         template = choose_template(settings.chat_template, metadata)
-        backend_choice = parse_backend(settings.engine_backend)
+        parse_backend(settings.engine_backend)  # an unknown name stops here, in one line
     except (ModelError, GGUFError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -322,55 +309,28 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError("llama-cpp-python is not installed here: run `toolpair engine install`")
     extra = engine_args(settings.engine_args, installed_setting_names())
-    probes = ProbedOnce(SystemProbes(timeout=10.0))  # every check below asks the machine once
-    record = read_record()
-    if record is None:
-        backend = "unknown"
-        warnings.append("llama-cpp-python was not installed by `toolpair engine install`; its backend is unknown")
-    else:
-        backend = record.backend
-        if check_machine:
-            found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
-            if found.backend.value != record.backend:
-                wanted = (
-                    f"engine_backend is {found.backend.value}"
-                    if backend_choice is not None
-                    else f"this machine gets {found.backend.value} ({found.reason})"
-                )
-                warnings.append(
-                    f"the engine is built for {record.backend}, but {wanted}; "
-                    f"run `toolpair engine install --backend {found.backend.value}`"
-                )
-    if record is not None and record.built_for_cpu and check_machine:
-        missing = missing_instruction_sets(record.built_for_cpu, cpu_flags())
-        if missing:
-            # It would load, then die with SIGILL at its first matrix multiply: stop before, in one line.
-            raise ConfigError(
-                f"the engine was built for another CPU: this one lacks {', '.join(missing)}, and the engine "
-                "would stop with SIGILL; run `toolpair engine install` to build it for this CPU "
-                "(or `toolpair engine install --portable` for a build that runs on any x86-64-v3 CPU)"
-            )
-    devices = None
-    if record is not None and record.gpu and check_machine:
-        devices = engine_devices(Backend(record.backend), os.environ, probes, record.cmake_args)
-        if devices is not None and devices.problem:
-            if devices.fatal:  # the engine would fail to load or to run: stop, in one line
-                raise ConfigError(devices.problem)
-            warnings.append(devices.problem)
-    run_env = record.process_env(devices) if record is not None else {}
     try:
         rpc_servers = parse_endpoints(settings.engine_rpc)
     except ValueError as exc:
         raise ConfigError(f"engine_rpc: {exc}") from None
-    if rpc_servers and record is not None and RPC_FLAG not in record.cmake_args:
-        raise ConfigError("the engine was built without RPC: run `toolpair engine install --rebuild`")
-    gpu_layers = settings.engine_gpu_layers
-    if gpu_layers is None:
-        # An unknown build gets -1 too: a CPU build ignores it. RPC workers count as GPUs: all layers go to them.
-        gpu_layers = 0 if backend == "cpu" and not rpc_servers else -1
+    machine = this_machine()
+    engine = plan_engine(
+        EngineSettings(
+            settings.engine_backend, settings.engine_amx, rpc_servers, settings.engine_gpu_layers, check_machine
+        ),
+        machine,
+        read_record(),
+        os.environ,
+    )
+    if engine.refusal is not None:
+        raise ConfigError(engine.refusal)
+    warnings += engine.warnings
+    backend, devices, gpu_layers = engine.backend, engine.devices, engine.gpu_layers
     trained = context_length(metadata)
     shape = ModelShape.from_metadata(metadata)
-    n_ctx, memory, budget, notes = _memory_plan(settings, shape, model, trained, gpu_layers, backend, probes)
+    n_ctx, memory, budget, notes = _memory_plan(
+        settings, shape, model, trained, machine.memory_available, engine.gpu_memory
+    )
     warnings += notes
     if settings.engine_ctx_size and trained and settings.engine_ctx_size > trained:
         warnings.append(f"--ctx-size {settings.engine_ctx_size} is beyond the model's training context ({trained})")
@@ -385,8 +345,8 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         logits_all=bool(settings.engine_logprobs),
         prompt_cache_bytes=settings.prompt_cache_size,
         # Engines that work at once share the cores: each gets its share unless told otherwise.
-        n_threads=settings.engine_threads or max(1, physical_cores() // settings.engine_parallel),
-        n_threads_batch=settings.engine_threads_batch or max(1, usable_cores() // settings.engine_parallel),
+        n_threads=settings.engine_threads or max(1, machine.physical_cores // settings.engine_parallel),
+        n_threads_batch=settings.engine_threads_batch or max(1, machine.usable_cores // settings.engine_parallel),
         n_batch=settings.engine_batch_size,
         n_ubatch=settings.engine_ubatch_size,
         flash_attn=settings.engine_flash_attn,
@@ -398,7 +358,8 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         split_mode=settings.engine_split_mode,
         tensor_split=tuple(settings.engine_tensor_split),
         extra=extra,
-        env=run_env,
+        env=engine.env,
+        amx=engine.amx_weights,
     )
     template_text: str | None
     if template is not None:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_launcher.builder import models
-from engine_launcher.builder.backends import Backend, SystemProbes, engine_devices
-from engine_launcher.builder.install import read_record
+from engine_launcher.builder.backends import Backend, engine_devices
+from engine_launcher.builder.machine import this_machine
+from engine_launcher.builder.record import read_record
 from engine_launcher.supervise.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
 from engine_launcher.supervise.process import die_with_parent
 
@@ -71,7 +72,7 @@ def start_real_engine(
     record = read_record()
     gpu = record is not None and record.gpu
     devices = (
-        engine_devices(Backend(record.backend), os.environ, SystemProbes(10.0), record.cmake_args)
+        engine_devices(Backend(record.backend), os.environ, this_machine(), record.cuda_architectures)
         if gpu and record
         else None
     )

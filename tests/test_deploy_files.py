@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine_launcher.builder.backends import Backend, detect_backend
+from engine_launcher.builder.machine import Machine
 from proxy.cli import build_parser
 from proxy.http.probes import HEALTH_PATH, READY_PATH
 from tests.support.probes import FakeProbes
@@ -69,7 +70,7 @@ def test_every_backend_has_images_and_an_install_the_launcher_accepts(backend: s
     # portable: an image is run on other machines than the one that built it (no -march=native, no AMX)
     called = re.search(r"install_engine\('([^']+)', portable=True\)", install.replace("${BACKEND}", backend))
     assert called is not None and called.group(1) == backend
-    assert detect_backend({}, FakeProbes(), explicit=called.group(1)).backend is Backend(backend)
+    assert detect_backend({}, Machine(FakeProbes()), explicit=called.group(1)).backend is Backend(backend)
 
 
 def test_the_engine_is_built_before_the_source_is_copied_from_one_stdlib_only_folder() -> None:

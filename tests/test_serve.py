@@ -26,9 +26,11 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.builder.backends import Backend, Detection, EngineDevices, SystemProbes
-from engine_launcher.builder.install import EngineRecord
+from engine_launcher.builder import plan as engine_plan
+from engine_launcher.builder.backends import EngineDevices
+from engine_launcher.builder.machine import Machine, SystemProbes
 from engine_launcher.builder.models import DEFAULT_TEMPLATE, bundled_model
+from engine_launcher.builder.record import EngineRecord
 from engine_launcher.supervise.launch import free_port
 from proxy import serve
 from proxy.cli import main
@@ -364,7 +366,7 @@ def record(backend: str) -> EngineRecord:
 
 def test_plan_for_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve, "available_memory", lambda: 16 << 30)
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine.described(memory_available=16 << 30))
     plan = serve.plan_serve(Settings(), out=io.StringIO(), check_machine=False)
     launch = plan.launch
     assert launch.model == bundled_model() and launch.chat_template == DEFAULT_TEMPLATE
@@ -380,7 +382,7 @@ def test_plan_for_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve, "available_memory", lambda: 8 << 30)
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine.described(memory_available=8 << 30))
     # Logprobs at the full 32768 would need 32 GiB of logits alone.
     plan = serve.plan_serve(Settings(engine_logprobs=True), check_machine=False)
     launch, memory = plan.launch, plan.memory
@@ -391,7 +393,7 @@ def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkey
     assert note.endswith("and this machine has 8.0 GiB available")
     # The same for an explicit --ctx-size; a machine that holds nothing gets a warning, not a guess.
     assert serve.plan_serve(Settings(engine_ctx_size=65536), check_machine=False).launch.n_ctx <= 65536
-    monkeypatch.setattr(serve, "available_memory", lambda: 100 << 20)
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine.described(memory_available=100 << 20))
     assert "it may not start" in serve.plan_serve(Settings(), check_machine=False).warnings[0]
 
 
@@ -417,9 +419,9 @@ def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPa
 
 def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("cuda"))
-    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found"))
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine.described())  # no GPU found
     monkeypatch.setattr(
-        serve, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: A",))
+        engine_plan, "engine_devices", lambda backend, env, machine, architectures=None: EngineDevices(("CUDA0: A",))
     )
     plan = serve.plan_serve(Settings())
     assert plan.warnings == [
@@ -497,7 +499,7 @@ def test_a_cuda_build_without_a_driver_stops_serve_in_one_line_saying_what_to_do
 def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve, "read_record", lambda: record("vulkan"))
     software = EngineDevices(("llvmpipe (LLVM 15.0.6, 256 bits)",), {"GGML_VK_VISIBLE_DEVICES": "0"}, "software")
-    monkeypatch.setattr(serve, "engine_devices", lambda backend, env, probes, cmake_args=(): software)
+    monkeypatch.setattr(engine_plan, "engine_devices", lambda backend, env, machine, architectures=None: software)
     plan = serve.plan_serve(Settings(), out=io.StringIO())
     assert plan.launch.n_gpu_layers == -1 and plan.launch.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
     assert serve.engine_env(plan.launch, {})["GGML_VK_VISIBLE_DEVICES"] == "0"
@@ -515,7 +517,9 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
     pypi = dataclasses.replace(record("cuda"), run_env={"LD_LIBRARY_PATH": "/kit/lib"})
     monkeypatch.setattr(serve, "read_record", lambda: pypi)
     monkeypatch.setattr(
-        serve, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: NVIDIA H200",))
+        engine_plan,
+        "engine_devices",
+        lambda backend, env, machine, architectures=None: EngineDevices(("CUDA0: NVIDIA H200",)),
     )
     cuda = serve.plan_serve(Settings(), out=io.StringIO())
     assert serve.engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
@@ -524,16 +528,21 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
 def test_an_engine_built_for_a_cpu_with_more_instruction_sets_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512bw", "avx512f", "fma"])
     monkeypatch.setattr(serve, "read_record", lambda: built_on_avx512)
-    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU"))
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))
+    monkeypatch.setattr(
+        serve, "this_machine", lambda: Machine.described(cpu_flags=frozenset({"avx2", "fma", "sse4_2"}))
+    )
     with pytest.raises(ConfigError) as refused:
         serve.plan_serve(Settings())
     assert str(refused.value).startswith("the engine was built for another CPU: this one lacks avx512bw, avx512f,")
     assert "toolpair engine install" in str(refused.value)
     # The same CPU or a larger one runs it; so does any CPU when the check is off (a plan made for elsewhere).
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}))
+    monkeypatch.setattr(
+        serve,
+        "this_machine",
+        lambda: Machine.described(cpu_flags=frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"})),
+    )
     assert serve.plan_serve(Settings()).backend == "cpu"
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine.described(cpu_flags=frozenset({"avx2"})))
     assert serve.plan_serve(Settings(), check_machine=False).backend == "cpu"
 
 
@@ -542,7 +551,7 @@ def test_serve_on_a_cpu_without_the_builds_instruction_sets_exits_in_one_line(
 ) -> None:
     built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512f"])
     monkeypatch.setattr(serve, "read_record", lambda: built_on_avx512)
-    monkeypatch.setattr(serve, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine.described(cpu_flags=frozenset({"avx2", "fma"})))
     assert main(["serve", "--port", str(free_port())]) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert said[-1].startswith("toolpair: the engine was built for another CPU: this one lacks avx512f,")
@@ -557,7 +566,7 @@ def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
         serve, "read_record", lambda: dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on"])
     )
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0, 1024\n"})
-    monkeypatch.setattr(serve, "SystemProbes", lambda timeout: h200)
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine(h200))
     plan = serve.plan_serve(Settings(), out=io.StringIO())
     assert [argv[0] for argv in h200.ran].count("nvidia-smi") == 1
     assert plan.memory_budget == 1024 * 1024 * 1024  # the GPU's free MiB, not the machine's RAM
@@ -565,17 +574,22 @@ def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
 
 def test_a_cuda_build_for_another_gpu_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp would load it, then stop at its first kernel: "no kernel image is available"."""
-    ampere = dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"])
+    ampere = dataclasses.replace(
+        record("cuda"),
+        cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"],
+        cuda_architectures=["86-real"],
+    )
     monkeypatch.setattr(serve, "read_record", lambda: ampere)
     h200 = "0, NVIDIA H200, GPU-1, 9.0\n"
-    monkeypatch.setattr(serve, "SystemProbes", lambda timeout: FakeProbes({"nvidia-smi --query-gpu": h200}))
-    monkeypatch.setattr(serve, "detect_backend", lambda env, probes, explicit: Detection(Backend.CUDA, "nvidia-smi"))
+    monkeypatch.setattr(serve, "this_machine", lambda: Machine(FakeProbes({"nvidia-smi --query-gpu": h200})))
     with pytest.raises(ConfigError) as refused:
         serve.plan_serve(Settings(), out=io.StringIO())
     assert str(refused.value) == (
         "the engine was built for CUDA architectures 86-real, which GPU 0 (NVIDIA H200, compute "
         "capability 9.0) cannot run: run `toolpair engine install` to build it for this machine's GPUs"
     )
-    hopper = dataclasses.replace(ampere, cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"])
+    hopper = dataclasses.replace(
+        ampere, cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"], cuda_architectures=["90"]
+    )
     monkeypatch.setattr(serve, "read_record", lambda: hopper)
     assert serve.plan_serve(Settings(), out=io.StringIO()).launch.n_gpu_layers == -1

@@ -27,13 +27,11 @@ import contextlib
 import contextvars
 import ctypes
 import importlib
-import os
 import runpy
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from engine_launcher.builder.backends import truthy
 from engine_launcher.builder.template_file import template_file_parts
 from engine_launcher.templates.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
 from engine_launcher.templates.tool_call_arguments import render_with_object_arguments
@@ -50,6 +48,7 @@ __all__ = [
 ]
 
 AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
+"""The setting (``engine_amx``) that keeps llama.cpp's AMX weight path; read in toolpair's settings, never here."""
 
 
 def bound_prompt_cache() -> None:
@@ -250,10 +249,7 @@ def load_without_extra_buffers() -> None:
     api.llama_model_default_params = without_extra_buffers
 
 
-def keep_weights_off_amx(
-    environ: dict[str, str] | os._Environ[str] = os.environ,
-    buffer_types: Callable[[], list[str]] = extra_buffer_types,
-) -> bool:
+def keep_weights_off_amx(keep_amx: bool = False, buffer_types: Callable[[], list[str]] = extra_buffer_types) -> bool:
     """Load weights without extra buffer types where llama.cpp would put them in AMX; True when it did.
 
     llama.cpp repacks weights into its AMX buffer on CPUs with AMX, and the first
@@ -261,10 +257,10 @@ def keep_weights_off_amx(
     leave AMX out (see ``engine_launcher.builder.backends.NO_AMX_FLAGS``); this covers an
     engine built elsewhere with it in. ``use_extra_bufts = false`` is the one
     switch llama.cpp offers, and it also turns off the other repacked CPU
-    kernels, so it is used only where AMX is present. ``TOOLPAIR_ENGINE_AMX=1``
-    keeps AMX, for a llama.cpp that has fixed it.
+    kernels, so it is used only where AMX is present. ``keep_amx`` (``--amx``, which the
+    launcher passes when the ``engine_amx`` setting is on) keeps AMX, for a llama.cpp that has fixed it.
     """
-    if truthy(environ.get(AMX_SETTING)) or "AMX" not in buffer_types():
+    if keep_amx or "AMX" not in buffer_types():
         return False
     load_without_extra_buffers()
     print(
@@ -277,15 +273,17 @@ def keep_weights_off_amx(
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m engine_launcher.inside.engine_main MODULE [ARGS...]")
-    module = sys.argv[1]
-    sys.argv = [module, *sys.argv[2:]]
+    keep_amx = len(sys.argv) > 1 and sys.argv[1] == "--amx"
+    args = sys.argv[2:] if keep_amx else sys.argv[1:]
+    if not args:
+        sys.exit("usage: python -m engine_launcher.inside.engine_main [--amx] MODULE [ARGS...]")
+    module = args[0]
+    sys.argv = [module, *args[1:]]
     bound_prompt_cache()
     render_chat_templates_as_models_expect()
     take_template_kwargs_per_request()
     write_control_tokens_as_text()
-    keep_weights_off_amx()
+    keep_weights_off_amx(keep_amx)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -200,6 +200,8 @@ class EngineLaunch:
     """Any other server setting (``--engine-arg KEY=VALUE``), passed as ``--KEY VALUE``."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Set in the engine's environment: its device choice, its build's run-time libraries (see :func:`child_env`)."""
+    amx: bool = False
+    """Load weights into llama.cpp's AMX buffer (``engine_amx``); otherwise the engine keeps them off it."""
 
     @property
     def url(self) -> str:
@@ -218,7 +220,7 @@ def engine_command(launch: EngineLaunch) -> list[str]:
     """
     command = [
         # llama_cpp.server ignores rpc_servers; engine_launcher.inside.rpc registers the workers, then runs it.
-        launch.python, "-m", "engine_launcher.inside.engine_main",
+        launch.python, "-m", "engine_launcher.inside.engine_main", *(["--amx"] if launch.amx else []),
         "engine_launcher.inside.rpc" if launch.rpc_servers else "llama_cpp.server",
         "--model", str(launch.model),
         "--host", launch.host,

@@ -60,7 +60,7 @@ from typing import Any
 
 import aiohttp
 
-from engine_launcher.builder.cpu_features import cpu_flags
+from engine_launcher.builder.machine import this_machine
 from engine_launcher.supervise.crash import Diagnosis, diagnose
 
 __all__ = [
@@ -247,7 +247,7 @@ class EngineSupervisor:
         cpu: frozenset[str] | None = None,
     ) -> None:
         self.spec = spec
-        self._cpu = cpu_flags() if cpu is None else cpu
+        self._cpu = this_machine().cpu_flags if cpu is None else cpu
         """This CPU's feature flags, for diagnosing a crash (``amx_int8``, ...)."""
         self._quote_requests = quote_requests
         self._hidden: int | None = None  # lines of a failed-request report left out so far

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from engine_launcher.builder.backends import NO_AMX_FLAGS
-from engine_launcher.builder.install import read_record
 from engine_launcher.builder.models import bundled_model
+from engine_launcher.builder.record import read_record
 from engine_launcher.inside import engine_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +50,11 @@ def test_amx_weights_are_kept_off_only_where_ggml_has_them(monkeypatch: pytest.M
     api: Any = pytest.importorskip("llama_cpp.llama_cpp")
     original = api.llama_model_default_params
     monkeypatch.setattr(api, "llama_model_default_params", original)  # undone after the test
-    assert engine_main.keep_weights_off_amx({}, lambda: ["CPU_REPACK"]) is False
+    assert engine_main.keep_weights_off_amx(False, lambda: ["CPU_REPACK"]) is False
     assert api.llama_model_default_params().use_extra_bufts is True
-    assert engine_main.keep_weights_off_amx({"TOOLPAIR_ENGINE_AMX": "1"}, lambda: ["AMX", "CPU_REPACK"]) is False
+    assert engine_main.keep_weights_off_amx(True, lambda: ["AMX", "CPU_REPACK"]) is False
     assert api.llama_model_default_params().use_extra_bufts is True
-    assert engine_main.keep_weights_off_amx({}, lambda: ["AMX", "CPU_REPACK"]) is True
+    assert engine_main.keep_weights_off_amx(False, lambda: ["AMX", "CPU_REPACK"]) is True
     assert api.llama_model_default_params().use_extra_bufts is False
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_launcher.builder.cpu_features import cpu_flags
+from engine_launcher.builder.machine import cpu_flags
 from engine_launcher.supervise.crash import diagnose, signal_name
 
 AMX_LOG = ["load_tensors:          AMX model buffer size =   213.91 MiB", "graph_reserve: ..."]

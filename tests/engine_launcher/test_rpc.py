@@ -26,7 +26,8 @@ import openai
 import pytest
 
 from engine_launcher.builder.backends import RPC_FLAG
-from engine_launcher.builder.install import EngineRecord, read_record
+from engine_launcher.builder.machine import Machine
+from engine_launcher.builder.record import EngineRecord, read_record
 from engine_launcher.inside.rpc import parse_endpoints, split_endpoint, unreachable
 from engine_launcher.supervise.launch import EngineLaunch, engine_command, free_port
 from engine_launcher.supervise.process import die_with_parent
@@ -68,7 +69,9 @@ def test_the_engine_starts_through_the_rpc_module_only_with_workers() -> None:
 
 
 def _record(cmake_args: list[str]) -> EngineRecord:
-    return EngineRecord("cpu", "0.3.36", "w.whl", "0" * 64, True, cmake_args, "/v/bin/rpc-server")
+    return EngineRecord(
+        "cpu", "0.3.36", "w.whl", "0" * 64, True, cmake_args, "/v/bin/rpc-server", rpc=RPC_FLAG in cmake_args
+    )
 
 
 def test_serve_plans_every_layer_onto_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,10 +108,12 @@ def test_rpc_worker_on_a_cuda_build_for_another_gpu_stops_in_one_line(
     server.write_text("#!/bin/sh\nexit 0\n")
     server.chmod(0o755)
     flags = [RPC_FLAG, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
-    built = EngineRecord("cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server))
+    built = EngineRecord(
+        "cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server), cuda_architectures=["86-real"]
+    )
     monkeypatch.setattr("proxy.cli.read_record", lambda: built)
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"})
-    monkeypatch.setattr("proxy.cli.SystemProbes", lambda timeout: h200)
+    monkeypatch.setattr("proxy.cli.this_machine", lambda: Machine(h200))
 
     def started(*args: object) -> None:
         raise AssertionError(f"rpc-server was started: {args}")
