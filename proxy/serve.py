@@ -40,12 +40,12 @@ from aiohttp import web
 from engine_launcher.builder.backends import EngineDevices, parse_backend
 from engine_launcher.builder.gguf import GGUFError, context_length, read_metadata
 from engine_launcher.builder.gguf import chat_template as gguf_chat_template
-from engine_launcher.builder.install import LLAMA_CPP_VERSION
 from engine_launcher.builder.machine import this_machine
 from engine_launcher.builder.models import ModelError, bundled_model, choose_template, readable_model
 from engine_launcher.builder.plan import EngineSettings, plan_engine
 from engine_launcher.builder.record import read_record
 from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 from engine_launcher.inside.rpc import parse_endpoints
 from engine_launcher.supervise.launch import (
     CACHE_TYPES,

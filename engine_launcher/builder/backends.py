@@ -20,6 +20,7 @@ from pathlib import Path
 from engine_launcher.builder.cpu_features import is_native_build
 from engine_launcher.builder.machine import ONEAPI_SETVARS, Machine, NvidiaGpu, Probes, visible_cuda_gpus
 from engine_launcher.builder.models import cache_root
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 
 __all__ = [
     "BACKEND_CHOICES",
@@ -446,7 +447,7 @@ def _has_cublas(nvcc: str, env: Mapping[str, str], probes: Probes) -> bool:
 VULKAN_CORE_HEADER = "/usr/include/vulkan/vulkan_core.h"
 VULKAN_MIN_HEADER = 261
 """Vulkan-Headers 1.3.261 brought VK_EXT_layer_settings, which the vendored llama.cpp's Vulkan backend uses."""
-_LLAMA_CPP = "(llama-cpp-python 0.3.36)"
+_LLAMA_CPP = f"(llama-cpp-python {LLAMA_CPP_VERSION})"
 
 
 def vulkan_header_version(text: str) -> int | None:

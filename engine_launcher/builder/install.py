@@ -56,9 +56,9 @@ from engine_launcher.builder.machine import Machine, Probes, this_machine
 from engine_launcher.builder.models import cache_root, sha256_file
 from engine_launcher.builder.plan import EngineSettings, plan_engine
 from engine_launcher.builder.record import EngineRecord, read_record, record_path, write_record
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 
 __all__ = [
-    "LLAMA_CPP_VERSION",
     "BuildProgress",
     "InstallError",
     "build_directory",
@@ -72,7 +72,6 @@ __all__ = [
     "wheel_dir",
 ]
 
-LLAMA_CPP_VERSION = "0.3.36"
 REQUIREMENT = f"llama-cpp-python=={LLAMA_CPP_VERSION}"
 _LOG_TAIL = 30
 RPC_SOURCE = "rpc-server-src"

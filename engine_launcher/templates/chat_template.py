@@ -1,6 +1,6 @@
 """How ``toolpair serve``'s engine turns messages into a prompt: one answer for the engine, the check and count_tokens.
 
-The engine is llama-cpp-python (0.3.36) with toolpair's changes (``engine_main``). It renders a
+The engine is llama-cpp-python with toolpair's changes (``engine_main``). It renders a
 model's own template with its ``Jinja2ChatFormatter``: transformers' Jinja dialect (``{% break %}``,
 ``tojson`` with json.dumps' keywords, the ``{% generation %}`` tag), in a sandbox with
 ``trim_blocks`` and ``lstrip_blocks``, given ``add_generation_prompt``, ``raise_exception``,
@@ -165,12 +165,17 @@ def render_prompt(
     eos_token: str,
     tools: Any = None,
     tool_choice: Any = None,
+    functions: Any = None,
+    function_call: Any = None,
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
+
+    ``functions`` and ``function_call``: a request's (OpenAI's older names for tools), as the engine
+    hands them to the template.
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
@@ -195,8 +200,8 @@ def render_prompt(
                     "bos_token": bos_token,
                     "raise_exception": _raise_exception,
                     "add_generation_prompt": add_generation_prompt,
-                    "functions": None,
-                    "function_call": None,
+                    "functions": functions,
+                    "function_call": function_call,
                     "tools": tools,
                     "tool_choice": tool_choice,
                     "strftime_now": strftime_now,

@@ -33,7 +33,6 @@ from engine_launcher.builder.backends import (
 )
 from engine_launcher.builder.cpu_features import instruction_sets, is_native_build
 from engine_launcher.builder.install import (
-    LLAMA_CPP_VERSION,
     BuildProgress,
     InstallError,
     build_directory,
@@ -46,6 +45,7 @@ from engine_launcher.builder.install import (
 )
 from engine_launcher.builder.machine import cpu_flags
 from engine_launcher.builder.record import EngineRecord, read_record
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 from tests.support.probes import CUBLAS, FakeProbes
 
 ROOT = Path(__file__).resolve().parents[2]
