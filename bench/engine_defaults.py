@@ -32,9 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port  # noqa: E402
-from engine_launcher.machine import physical_cores, usable_cores  # noqa: E402
-from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model  # noqa: E402
+from engine_launcher.builder.machine import physical_cores, usable_cores  # noqa: E402
+from engine_launcher.builder.models import DEFAULT_TEMPLATE, bundled_model  # noqa: E402
+from engine_launcher.supervise.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port  # noqa: E402
 
 KEY = "bench-key"
 PROMPT = " ".join(f"Line {i}: the tide tables for harbour {i} list {i * 3 % 17} high waters." for i in range(110))

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.launch import free_port  # noqa: E402
+from engine_launcher.supervise.launch import free_port  # noqa: E402
 
 
 def ready(url: str) -> tuple[int, dict[str, object]]:

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.launch import free_port  # noqa: E402
+from engine_launcher.supervise.launch import free_port  # noqa: E402
 
 
 def stream(url: str, messages: list[dict[str, str]]) -> tuple[float, str, int]:

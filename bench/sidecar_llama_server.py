@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.proxy_overhead import Contest, compare, free_port, start  # noqa: E402
-from engine_launcher.models import bundled_model  # noqa: E402
+from engine_launcher.builder.models import bundled_model  # noqa: E402
 
 
 def llama_server() -> str:

@@ -29,8 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.models import cache_root  # noqa: E402
-from engine_launcher.template_check import (  # noqa: E402
+from engine_launcher.builder.models import cache_root  # noqa: E402
+from engine_launcher.builder.version import LLAMA_CPP_VERSION  # noqa: E402
+from engine_launcher.templates.template_check import (  # noqa: E402
     Pairing,
     Renderer,
     TemplateVerdict,
@@ -197,7 +198,8 @@ def markdown(rows: list[Row]) -> str:
         "Exit status of `toolpair check-template`: 0 for `id`, `id-mapped` and `self-ordered`; 1 for `position`",
         "and `rejects-reordered`; 2 for the rest.",
         "",
-        "`toolpair serve`'s engine is llama-cpp-python (0.3.36) changed by toolpair to render every template,",
+        f"`toolpair serve`'s engine is llama-cpp-python ({LLAMA_CPP_VERSION}) changed by toolpair to render every "
+        "template,",
         "a model's own or a file, as transformers does, with tool-call arguments as objects (and as the",
         "client's JSON string only to a template that fails on objects); llama-cpp-python alone hands",
         "templates the strings and gives a file plain jinja2 without a generation prompt",

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.template_survey import fetch_templates  # noqa: E402
-from engine_launcher.template_check import WRITTEN_TOOLS, template_from_file_text, written_turn  # noqa: E402
+from engine_launcher.templates.template_check import WRITTEN_TOOLS, template_from_file_text, written_turn  # noqa: E402
 from proxy.config import Settings  # noqa: E402
 from proxy.engine.plan import engine_setup, follow_template, reply_plan  # noqa: E402
 from proxy.engine.toolcalls import ExtractOptions, TextExtractor  # noqa: E402

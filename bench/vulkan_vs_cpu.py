@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.launch import free_port  # noqa: E402
+from engine_launcher.supervise.launch import free_port  # noqa: E402
 
 
 def post(url: str, body: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:

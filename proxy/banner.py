@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine_launcher.install import LLAMA_CPP_VERSION
-from engine_launcher.memory import gib
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
+from engine_launcher.supervise.memory import gib
 from proxy import __version__
 from proxy.config import Settings
 from proxy.engine.detect import Detection, engine_lines
@@ -104,9 +104,9 @@ def device_line(plan: ServePlan) -> str | None:
     """The banner's line about the GPU: which device, how many layers go to it, and their memory by the estimate.
 
     >>> from pathlib import Path
-    >>> from engine_launcher.backends import EngineDevices
-    >>> from engine_launcher.launch import EngineLaunch
-    >>> from engine_launcher.memory import MemoryEstimate
+    >>> from engine_launcher.builder.backends import EngineDevices
+    >>> from engine_launcher.supervise.launch import EngineLaunch
+    >>> from engine_launcher.supervise.memory import MemoryEstimate
     >>> plan = ServePlan(EngineLaunch(Path("m"), 1, "k", 4096, n_gpu_layers=-1), "vulkan",
     ...                  devices=EngineDevices(("llvmpipe",), note="software"), n_layer=18,
     ...                  memory=MemoryEstimate(240 * 2**20, 100 * 2**20, 0, 60 * 2**20, 0))
@@ -134,7 +134,7 @@ def serve_banner(settings: Settings, plan: ServePlan) -> str:
     """What ``toolpair serve`` says once it listens: the engine it runs, its memory, and how to connect.
 
     >>> from pathlib import Path
-    >>> from engine_launcher.launch import EngineLaunch
+    >>> from engine_launcher.supervise.launch import EngineLaunch
     >>> plan = ServePlan(EngineLaunch(Path("m.gguf"), 1, "k", 4096), "cpu")
     >>> print(serve_banner(Settings(port=8787), plan).splitlines()[-3])
       OpenAI SDK:     OpenAI(base_url="http://127.0.0.1:8787/v1", api_key="any")

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
+from engine_launcher.supervise.launch import CACHE_TYPES, SPLIT_MODES
 
 __all__ = ["ApiMode", "ConfigError", "EngineKind", "LogFormat", "LogLevel", "Settings", "load_settings", "ENV_PREFIX"]
 
@@ -146,6 +146,7 @@ class Settings:
     model: str | None = None
     chat_template: str | None = None
     engine_backend: str = "auto"
+    engine_amx: bool = False  # llama.cpp's AMX weight path: built in by `engine install`, loaded by `serve`
     engine_gpu_layers: int | None = None
     engine_start_timeout: float = 300.0
     engine_ready_wait: float = 60.0

@@ -32,8 +32,8 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env
-from engine_launcher.process import (
+from engine_launcher.supervise.launch import READY_PATH, EngineLaunch, engine_command, engine_env
+from engine_launcher.supervise.process import (
     ChildSpec,
     EngineState,
     EngineSupervisor,

@@ -1,6 +1,6 @@
 """How much context ``toolpair serve`` gives the engine, from the memory this machine has.
 
-The engine's need is estimated from the model's header (:mod:`engine_launcher.memory`); this module
+The engine's need is estimated from the model's header (:mod:`engine_launcher.supervise.memory`); this module
 picks the largest context, up to the one asked for or trained, whose estimate fits in the memory
 free where the engine keeps it (GPU memory for a fully offloaded GPU build, RAM otherwise), times
 the number of engines ``--parallel`` starts, and says in a line when it had to choose less.
@@ -8,13 +8,10 @@ the number of engines ``--parallel`` starts, and says in a line when it had to c
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from engine_launcher.backends import Probes, gpu_free_memory
-from engine_launcher.launch import CACHE_TYPES
-from engine_launcher.machine import available_memory
-from engine_launcher.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
+from engine_launcher.supervise.launch import CACHE_TYPES
+from engine_launcher.supervise.memory import MemoryEstimate, ModelShape, estimate_memory, fitting_context, gib
 from proxy.config import Settings
 
 __all__ = ["memory_plan"]
@@ -28,9 +25,8 @@ def memory_plan(
     shape: ModelShape | None,
     model: Path,
     trained: int | None,
-    gpu_layers: int,
-    backend: str,
-    probes: Probes,
+    ram: int | None,
+    vram: int | None,
 ) -> tuple[int, MemoryEstimate | None, int | None, list[str]]:
     """n_ctx, its memory estimate, the budget it was checked against, and what start-up should say about it."""
     wanted = settings.engine_ctx_size or trained or _FALLBACK_CTX
@@ -55,9 +51,8 @@ def memory_plan(
         )
 
     # A GPU build with every layer offloaded holds weights, KV cache and compute buffers in GPU
-    # memory; what llama-cpp-python keeps in Python (scores, prompt cache) stays in RAM.
-    ram = available_memory()
-    vram = gpu_free_memory(os.environ, probes) if backend not in ("cpu", "unknown") and gpu_layers == -1 else None
+    # memory (``vram``, from the engine plan); what llama-cpp-python keeps in Python (scores, prompt cache)
+    # stays in RAM.
 
     engines = settings.engine_parallel  # --parallel N: N engines, each needing all of it
 

@@ -19,26 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from engine_launcher.backends import (
-    RPC_FLAG,
-    Backend,
-    EngineDevices,
-    ProbedOnce,
-    SystemProbes,
-    detect_backend,
-    engine_devices,
-    parse_backend,
-)
-from engine_launcher.cpu_features import cpu_flags, missing_instruction_sets
-from engine_launcher.gguf import GGUFError, context_length
-from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.install import read_record
-from engine_launcher.launch import EngineLaunch, free_port, installed_setting_names
-from engine_launcher.machine import physical_cores, usable_cores
-from engine_launcher.memory import MemoryEstimate, ModelShape
-from engine_launcher.models import ModelError, serve_model
-from engine_launcher.rpc import parse_endpoints
-from engine_launcher.template_file import template_file_parts
+from engine_launcher.builder.backends import EngineDevices, parse_backend
+from engine_launcher.builder.gguf import GGUFError, context_length
+from engine_launcher.builder.gguf import chat_template as gguf_chat_template
+from engine_launcher.builder.machine import this_machine
+from engine_launcher.builder.models import ModelError, serve_model
+from engine_launcher.builder.plan import EngineSettings, plan_engine
+from engine_launcher.builder.record import read_record
+from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.inside.rpc import parse_endpoints
+from engine_launcher.supervise.launch import EngineLaunch, free_port, installed_setting_names
+from engine_launcher.supervise.memory import MemoryEstimate, ModelShape
 from proxy.config import ConfigError, Settings
 from proxy.serve_memory import memory_plan
 
@@ -146,7 +137,7 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         served = serve_model(settings.model, settings.chat_template, progress=_progress(out))
         model, metadata, template = served.path, served.metadata, served.template.path
         print(f"chat template: {served.template.describe()}", file=out, flush=True)
-        backend_choice = parse_backend(settings.engine_backend)
+        parse_backend(settings.engine_backend)  # an unknown name stops here, in one line
     except (ModelError, GGUFError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -154,55 +145,28 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError("llama-cpp-python is not installed here: run `toolpair engine install`")
     extra = engine_args(settings.engine_args, installed_setting_names())
-    probes = ProbedOnce(SystemProbes(timeout=10.0))  # every check below asks the machine once
-    record = read_record()
-    if record is None:
-        backend = "unknown"
-        warnings.append("llama-cpp-python was not installed by `toolpair engine install`; its backend is unknown")
-    else:
-        backend = record.backend
-        if check_machine:
-            found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
-            if found.backend.value != record.backend:
-                wanted = (
-                    f"engine_backend is {found.backend.value}"
-                    if backend_choice is not None
-                    else f"this machine gets {found.backend.value} ({found.reason})"
-                )
-                warnings.append(
-                    f"the engine is built for {record.backend}, but {wanted}; "
-                    f"run `toolpair engine install --backend {found.backend.value}`"
-                )
-    if record is not None and record.built_for_cpu and check_machine:
-        missing = missing_instruction_sets(record.built_for_cpu, cpu_flags())
-        if missing:
-            # It would load, then die with SIGILL at its first matrix multiply: stop before, in one line.
-            raise ConfigError(
-                f"the engine was built for another CPU: this one lacks {', '.join(missing)}, and the engine "
-                "would stop with SIGILL; run `toolpair engine install` to build it for this CPU "
-                "(or `toolpair engine install --portable` for a build that runs on any x86-64-v3 CPU)"
-            )
-    devices = None
-    if record is not None and record.gpu and check_machine:
-        devices = engine_devices(Backend(record.backend), os.environ, probes, record.cmake_args)
-        if devices is not None and devices.problem:
-            if devices.fatal:  # the engine would fail to load or to run: stop, in one line
-                raise ConfigError(devices.problem)
-            warnings.append(devices.problem)
-    run_env = record.process_env(devices) if record is not None else {}
     try:
         rpc_servers = parse_endpoints(settings.engine_rpc)
     except ValueError as exc:
         raise ConfigError(f"engine_rpc: {exc}") from None
-    if rpc_servers and record is not None and RPC_FLAG not in record.cmake_args:
-        raise ConfigError("the engine was built without RPC: run `toolpair engine install --rebuild`")
-    gpu_layers = settings.engine_gpu_layers
-    if gpu_layers is None:
-        # An unknown build gets -1 too: a CPU build ignores it. RPC workers count as GPUs: all layers go to them.
-        gpu_layers = 0 if backend == "cpu" and not rpc_servers else -1
+    machine = this_machine()
+    engine = plan_engine(
+        EngineSettings(
+            settings.engine_backend, settings.engine_amx, rpc_servers, settings.engine_gpu_layers, check_machine
+        ),
+        machine,
+        read_record(),
+        os.environ,
+    )
+    if engine.refusal is not None:
+        raise ConfigError(engine.refusal)
+    warnings += engine.warnings
+    backend, devices, gpu_layers = engine.backend, engine.devices, engine.gpu_layers
     trained = context_length(metadata)
     shape = ModelShape.from_metadata(metadata)
-    n_ctx, memory, budget, notes = memory_plan(settings, shape, model, trained, gpu_layers, backend, probes)
+    n_ctx, memory, budget, notes = memory_plan(
+        settings, shape, model, trained, machine.memory_available, engine.gpu_memory
+    )
     warnings += notes
     if settings.engine_ctx_size and trained and settings.engine_ctx_size > trained:
         warnings.append(f"--ctx-size {settings.engine_ctx_size} is beyond the model's training context ({trained})")
@@ -217,8 +181,8 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         logits_all=bool(settings.engine_logprobs),
         prompt_cache_bytes=settings.prompt_cache_size,
         # Engines that work at once share the cores: each gets its share unless told otherwise.
-        n_threads=settings.engine_threads or max(1, physical_cores() // settings.engine_parallel),
-        n_threads_batch=settings.engine_threads_batch or max(1, usable_cores() // settings.engine_parallel),
+        n_threads=settings.engine_threads or max(1, machine.physical_cores // settings.engine_parallel),
+        n_threads_batch=settings.engine_threads_batch or max(1, machine.usable_cores // settings.engine_parallel),
         n_batch=settings.engine_batch_size,
         n_ubatch=settings.engine_ubatch_size,
         flash_attn=settings.engine_flash_attn,
@@ -230,7 +194,8 @@ def plan_serve(settings: Settings, *, out: TextIO = sys.stderr, check_machine: b
         split_mode=settings.engine_split_mode,
         tensor_split=tuple(settings.engine_tensor_split),
         extra=extra,
-        env=run_env,
+        env=engine.env,
+        amx=engine.amx_weights,
     )
     template_text: str | None
     if template is not None:

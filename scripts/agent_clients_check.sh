@@ -76,7 +76,7 @@ URL="http://127.0.0.1:$PORT"
 started="$(now)"
 if [ "$UPSTREAM" = llama-server ] || [ "$UPSTREAM" = llama-router ]; then
     LLAMA_SERVER="$(PYTHON="$PYTHON" "$ROOT/scripts/build_llama_server.sh")" || { echo "FAIL: llama-server build"; exit 1; }
-    MODEL="$("$PYTHON" -c 'from engine_launcher.models import bundled_model; print(bundled_model())')"
+    MODEL="$("$PYTHON" -c 'from engine_launcher.builder.models import bundled_model; print(bundled_model())')"
     ENGINE_PORT="$(free_port)"
     if [ "$UPSTREAM" = llama-router ]; then
         mkdir -p "$WORK/models"

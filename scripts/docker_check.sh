@@ -207,7 +207,7 @@ OLD_CPU=${DOCKER_CHECK_OLD_CPU:-Haswell}
 started=$(now)
 EMULATED=$("$DOCKER" run --rm -v "$(command -v qemu-x86_64-static):/usr/local/bin/qemu-x86_64:ro" \
     --entrypoint /usr/local/bin/qemu-x86_64 "$IMAGE" -cpu "$OLD_CPU" /opt/toolpair/venv/bin/python \
-    -m engine_launcher.speed "$MODEL_IN_IMAGE" --prompt-tokens 8 --gen-tokens 4 --repeats 1 2>&1) \
+    -m engine_launcher.inside.speed "$MODEL_IN_IMAGE" --prompt-tokens 8 --gen-tokens 4 --repeats 1 2>&1) \
     || { echo "$EMULATED" | tail -n 20 >&2; fail "the image's engine did not run on an emulated $OLD_CPU"; }
 say "the image's engine on an emulated $OLD_CPU: generated in $(since "$started")s: $(tail -n1 <<<"$EMULATED")"
 

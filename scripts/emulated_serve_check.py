@@ -2,7 +2,7 @@
 
     python scripts/emulated_serve_check.py QEMU CPU
 
-The engine's process runs as ``QEMU -cpu CPU python -m engine_launcher.engine_main llama_cpp.server ...``
+The engine's process runs as ``QEMU -cpu CPU python -m engine_launcher.inside.engine_main llama_cpp.server ...``
 under toolpair's own supervisor, warm-up included, so a build that cannot run on CPU is diagnosed
 exactly as serve diagnoses it on such a machine. Prints the supervisor's verdict; exit 0 when the
 engine generated, 1 when it could not (the verdict says why). Used by scripts/portable_check.sh.
@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_launcher.launch import EngineLaunch, free_port  # noqa: E402
-from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model  # noqa: E402
-from engine_launcher.process import EngineSupervisor, EngineUnavailable, RestartPolicy  # noqa: E402
+from engine_launcher.builder.models import DEFAULT_TEMPLATE, bundled_model  # noqa: E402
+from engine_launcher.supervise.launch import EngineLaunch, free_port  # noqa: E402
+from engine_launcher.supervise.process import EngineSupervisor, EngineUnavailable, RestartPolicy  # noqa: E402
 from proxy.serve import engine_child  # noqa: E402
 
 

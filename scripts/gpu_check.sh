@@ -20,13 +20,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-LLAMA=llama-cpp-python==0.3.36
+# The pin is written once, in engine_launcher/builder/version.py (stdlib only: any python3 reads it).
+LLAMA_VERSION=$("$PYTHON" -c 'from engine_launcher.builder.version import LLAMA_CPP_VERSION as v; print(v)')
+LLAMA=llama-cpp-python==$LLAMA_VERSION
 
 if [[ "${1:-}" == prepare ]]; then
     dir=${2:?usage: scripts/gpu_check.sh prepare DIR}
     mkdir -p "$dir"
     # Binary wheels fit the Python that runs this: use the same version as the GPU machine's python3.
-    "$PYTHON" -m pip download -d "$dir" --no-binary llama-cpp-python "llama-cpp-python[server]==0.3.36"
+    "$PYTHON" -m pip download -d "$dir" --no-binary llama-cpp-python "llama-cpp-python[server]==$LLAMA_VERSION"
     "$PYTHON" -m pip download -d "$dir" "scikit-build-core[pyproject]>=0.9.2" cmake ninja setuptools wheel
     "$PYTHON" -m pip download -d "$dir" ".[model]"
     du -sh "$dir"
@@ -74,7 +76,7 @@ if [[ -n "${MODEL_WAIT:-}" ]]; then
     for _ in $(seq "$MODEL_WAIT"); do [[ -f "$MODEL" ]] && break; sleep 1; done
 fi
 
-port=$("$VENV/bin/python" -c "from engine_launcher.launch import free_port; print(free_port())")
+port=$("$VENV/bin/python" -c "from engine_launcher.supervise.launch import free_port; print(free_port())")
 log=$(mktemp -d)/serve.log
 echo "== serve on port $port (log: $log)"
 t=$(now)

@@ -44,7 +44,7 @@ say "native engine (.venv)"
 engine .venv
 say "portable engine (.venv-portable)"
 engine .venv-portable --portable
-MODEL=$(.venv/bin/python -c 'from engine_launcher.models import bundled_model; print(bundled_model())')
+MODEL=$(.venv/bin/python -c 'from engine_launcher.builder.models import bundled_model; print(bundled_model())')
 
 # The engine started as `toolpair serve` starts it (its supervisor, its warm-up generation), but under
 # qemu -cpu $2, with the toolpair of virtualenv $1; prints toolpair's verdict, fails as the verdict does.
@@ -70,6 +70,6 @@ say "$SAID"
 
 say "speed on this CPU (tokens/s, best of 3, same run)"
 for venv in .venv .venv-portable; do
-    printf '   %-15s %s\n' "$venv" "$("$venv/bin/python" -m engine_launcher.speed "$MODEL" --prompt-tokens 256 --gen-tokens 32)"
+    printf '   %-15s %s\n' "$venv" "$("$venv/bin/python" -m engine_launcher.inside.speed "$MODEL" --prompt-tokens 256 --gen-tokens 32)"
 done
 say "portable check passed"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine_launcher import engine_main
+from engine_launcher.inside import engine_main
 from proxy.config import Settings
 from tests.mock_engine import MockEngine
 from tests.real_engine import RealEngine, start_real_engine

@@ -1,7 +1,7 @@
 """The real llama-cpp-python server with the bundled Gemma 270M model, for tests.
 
 Started once per test session as a plain subprocess on loopback, with the same
-command line that ``toolpair serve`` builds (engine_launcher.launch). Tests that
+command line that ``toolpair serve`` builds (engine_launcher.supervise.launch). Tests that
 need the engine's own view of a request (logprobs, tokenization) talk to it
 directly; everything else goes through toolpair in front of it.
 
@@ -23,11 +23,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_launcher import models
-from engine_launcher.backends import Backend, SystemProbes, engine_devices
-from engine_launcher.install import read_record
-from engine_launcher.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder import models
+from engine_launcher.builder.backends import Backend, engine_devices
+from engine_launcher.builder.machine import this_machine
+from engine_launcher.builder.record import read_record
+from engine_launcher.supervise.launch import READY_PATH, EngineLaunch, engine_command, engine_env, free_port
+from engine_launcher.supervise.process import die_with_parent
 
 __all__ = ["CACHE", "TEMPLATE", "RealEngine", "bundled_model", "free_port", "start_real_engine"]
 
@@ -71,7 +72,7 @@ def start_real_engine(
     record = read_record()
     gpu = record is not None and record.gpu
     devices = (
-        engine_devices(Backend(record.backend), os.environ, SystemProbes(10.0), record.cmake_args)
+        engine_devices(Backend(record.backend), os.environ, this_machine(), record.cuda_architectures)
         if gpu and record
         else None
     )

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from engine_launcher import models
-from engine_launcher.template_check import (
+from engine_launcher.builder import models
+from engine_launcher.templates.template_check import (
     TOOL,
     Renderer,
     TemplateSource,

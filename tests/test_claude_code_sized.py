@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from proxy.sse import EventDecoder
 from tests.claude_code_fixture import claude_code_request
 from tests.support.serve import launch_serve, wait_ready

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from tests.support.serve import children, cmdline, launch_serve, long_bias, ready_status, until_queue, wait_ready
 
 STORY = [{"role": "user", "content": "Tell me a story."}]

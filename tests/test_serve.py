@@ -26,12 +26,14 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.backends import Backend, Detection, EngineDevices, SystemProbes
-from engine_launcher.install import EngineRecord
-from engine_launcher.launch import engine_env, free_port
-from engine_launcher.memory import gib
-from engine_launcher.models import DEFAULT_MODEL, DEFAULT_TEMPLATE, GEMMA, bundled_model, default_model
-from proxy import serve, serve_memory, serve_plan
+from engine_launcher.builder import plan as engine_plan
+from engine_launcher.builder.backends import EngineDevices
+from engine_launcher.builder.machine import Machine, SystemProbes
+from engine_launcher.builder.models import DEFAULT_MODEL, DEFAULT_TEMPLATE, GEMMA, bundled_model, default_model
+from engine_launcher.builder.record import EngineRecord
+from engine_launcher.supervise.launch import engine_env, free_port
+from engine_launcher.supervise.memory import gib
+from proxy import serve, serve_plan
 from proxy.banner import device_line, serve_banner
 from proxy.cli import main
 from proxy.config import ConfigError, Settings
@@ -362,7 +364,7 @@ def record(backend: str) -> EngineRecord:
 
 def test_plan_for_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve_memory, "available_memory", lambda: 16 << 30)
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described(memory_available=16 << 30))
     said = io.StringIO()
     plan = serve_plan.plan_serve(Settings(), out=said, check_machine=False)
     launch = plan.launch
@@ -380,7 +382,7 @@ def test_plan_for_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_plan_for_gemma_without_a_template_gives_gemmas_turn_format(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve_memory, "available_memory", lambda: 16 << 30)
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described(memory_available=16 << 30))
     said = io.StringIO()
     plan = serve_plan.plan_serve(Settings(model=str(bundled_model())), out=said, check_machine=False)
     assert plan.launch.chat_template == GEMMA.template and plan.launch.n_ctx == 32768
@@ -398,7 +400,7 @@ def test_plan_for_gemma_without_a_template_gives_gemmas_turn_format(monkeypatch:
 
 def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("cpu"))
-    monkeypatch.setattr(serve_memory, "available_memory", lambda: 8 << 30)
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described(memory_available=8 << 30))
     # Logprobs at the full 32768 would need 32 GiB of logits alone.
     gemma = str(bundled_model())
     plan = serve_plan.plan_serve(Settings(model=gemma, engine_logprobs=True), check_machine=False)
@@ -411,13 +413,13 @@ def test_a_context_the_machine_cannot_hold_is_shrunk_and_said_in_one_line(monkey
     # The same for an explicit --ctx-size; a machine that holds nothing gets a warning, not a guess.
     larger = Settings(model=gemma, engine_ctx_size=65536)
     assert serve_plan.plan_serve(larger, check_machine=False).launch.n_ctx <= 65536
-    monkeypatch.setattr(serve_memory, "available_memory", lambda: 100 << 20)
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described(memory_available=100 << 20))
     assert "it may not start" in serve_plan.plan_serve(Settings(model=gemma), check_machine=False).warnings[0]
 
 
 def test_the_memory_estimate_reads_the_models_shape() -> None:
-    from engine_launcher.gguf import read_metadata
-    from engine_launcher.memory import ModelShape, estimate_memory
+    from engine_launcher.builder.gguf import read_metadata
+    from engine_launcher.supervise.memory import ModelShape, estimate_memory
 
     shape = ModelShape.from_metadata(read_metadata(bundled_model()))
     assert shape == ModelShape(18, 4, 1, 256, 256, 262144, sliding_window=512, swa_pattern=6)
@@ -437,11 +439,9 @@ def test_gpu_builds_offload_every_layer_unless_told(monkeypatch: pytest.MonkeyPa
 
 def test_a_build_that_does_not_match_the_machine_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("cuda"))
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described())  # no GPU found
     monkeypatch.setattr(
-        serve_plan, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU found")
-    )
-    monkeypatch.setattr(
-        serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: A",))
+        engine_plan, "engine_devices", lambda backend, env, machine, architectures=None: EngineDevices(("CUDA0: A",))
     )
     plan = serve_plan.plan_serve(Settings())
     assert plan.warnings == [
@@ -519,7 +519,7 @@ def test_a_cuda_build_without_a_driver_stops_serve_in_one_line_saying_what_to_do
 def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serve_plan, "read_record", lambda: record("vulkan"))
     software = EngineDevices(("llvmpipe (LLVM 15.0.6, 256 bits)",), {"GGML_VK_VISIBLE_DEVICES": "0"}, "software")
-    monkeypatch.setattr(serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): software)
+    monkeypatch.setattr(engine_plan, "engine_devices", lambda backend, env, machine, architectures=None: software)
     gemma = str(bundled_model())
     plan = serve_plan.plan_serve(Settings(model=gemma), out=io.StringIO())
     assert plan.launch.n_gpu_layers == -1 and plan.launch.env == {"GGML_VK_VISIBLE_DEVICES": "0"}
@@ -537,7 +537,9 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
     pypi = dataclasses.replace(record("cuda"), run_env={"LD_LIBRARY_PATH": "/kit/lib"})
     monkeypatch.setattr(serve_plan, "read_record", lambda: pypi)
     monkeypatch.setattr(
-        serve_plan, "engine_devices", lambda backend, env, probes, cmake_args=(): EngineDevices(("CUDA0: NVIDIA H200",))
+        engine_plan,
+        "engine_devices",
+        lambda backend, env, machine, architectures=None: EngineDevices(("CUDA0: NVIDIA H200",)),
     )
     cuda = serve_plan.plan_serve(Settings(), out=io.StringIO())
     assert engine_env(cuda.launch, {"LD_LIBRARY_PATH": "/usr/lib"})["LD_LIBRARY_PATH"] == "/kit/lib:/usr/lib"
@@ -546,16 +548,21 @@ def test_a_vulkan_build_gets_its_device_choice_and_the_banner_names_the_device(m
 def test_an_engine_built_for_a_cpu_with_more_instruction_sets_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512bw", "avx512f", "fma"])
     monkeypatch.setattr(serve_plan, "read_record", lambda: built_on_avx512)
-    monkeypatch.setattr(serve_plan, "detect_backend", lambda env, probes, explicit: Detection(Backend.CPU, "no GPU"))
-    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))
+    monkeypatch.setattr(
+        serve_plan, "this_machine", lambda: Machine.described(cpu_flags=frozenset({"avx2", "fma", "sse4_2"}))
+    )
     with pytest.raises(ConfigError) as refused:
         serve_plan.plan_serve(Settings())
     assert str(refused.value).startswith("the engine was built for another CPU: this one lacks avx512bw, avx512f,")
     assert "toolpair engine install" in str(refused.value)
     # The same CPU or a larger one runs it; so does any CPU when the check is off (a plan made for elsewhere).
-    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}))
+    monkeypatch.setattr(
+        serve_plan,
+        "this_machine",
+        lambda: Machine.described(cpu_flags=frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"})),
+    )
     assert serve_plan.plan_serve(Settings()).backend == "cpu"
-    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described(cpu_flags=frozenset({"avx2"})))
     assert serve_plan.plan_serve(Settings(), check_machine=False).backend == "cpu"
 
 
@@ -564,7 +571,7 @@ def test_serve_on_a_cpu_without_the_builds_instruction_sets_exits_in_one_line(
 ) -> None:
     built_on_avx512 = dataclasses.replace(record("cpu"), built_for_cpu=["avx2", "avx512f"])
     monkeypatch.setattr(serve_plan, "read_record", lambda: built_on_avx512)
-    monkeypatch.setattr(serve_plan, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine.described(cpu_flags=frozenset({"avx2", "fma"})))
     assert main(["serve", "--port", str(free_port())]) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert said[-1].startswith("toolpair: the engine was built for another CPU: this one lacks avx512f,")
@@ -579,7 +586,7 @@ def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
         serve_plan, "read_record", lambda: dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on"])
     )
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0, 1024\n"})
-    monkeypatch.setattr(serve_plan, "SystemProbes", lambda timeout: h200)
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine(h200))
     plan = serve_plan.plan_serve(Settings(), out=io.StringIO())
     assert [argv[0] for argv in h200.ran].count("nvidia-smi") == 1
     assert plan.memory_budget == 1024 * 1024 * 1024  # the GPU's free MiB, not the machine's RAM
@@ -587,19 +594,22 @@ def test_a_serve_start_asks_nvidia_smi_once_and_plans_memory_from_its_answer(
 
 def test_a_cuda_build_for_another_gpu_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp would load it, then stop at its first kernel: "no kernel image is available"."""
-    ampere = dataclasses.replace(record("cuda"), cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"])
+    ampere = dataclasses.replace(
+        record("cuda"),
+        cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"],
+        cuda_architectures=["86-real"],
+    )
     monkeypatch.setattr(serve_plan, "read_record", lambda: ampere)
     h200 = "0, NVIDIA H200, GPU-1, 9.0\n"
-    monkeypatch.setattr(serve_plan, "SystemProbes", lambda timeout: FakeProbes({"nvidia-smi --query-gpu": h200}))
-    monkeypatch.setattr(
-        serve_plan, "detect_backend", lambda env, probes, explicit: Detection(Backend.CUDA, "nvidia-smi")
-    )
+    monkeypatch.setattr(serve_plan, "this_machine", lambda: Machine(FakeProbes({"nvidia-smi --query-gpu": h200})))
     with pytest.raises(ConfigError) as refused:
         serve_plan.plan_serve(Settings(), out=io.StringIO())
     assert str(refused.value) == (
         "the engine was built for CUDA architectures 86-real, which GPU 0 (NVIDIA H200, compute "
         "capability 9.0) cannot run: run `toolpair engine install` to build it for this machine's GPUs"
     )
-    hopper = dataclasses.replace(ampere, cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"])
+    hopper = dataclasses.replace(
+        ampere, cmake_args=["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"], cuda_architectures=["90"]
+    )
     monkeypatch.setattr(serve_plan, "read_record", lambda: hopper)
     assert serve_plan.plan_serve(Settings(), out=io.StringIO()).launch.n_gpu_layers == -1

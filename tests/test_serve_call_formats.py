@@ -20,7 +20,13 @@ from typing import Any
 
 import pytest
 
-from engine_launcher.template_check import TOOL, WRITTEN_TOOLS, WrittenTurn, template_from_file_text, written_turn
+from engine_launcher.templates.template_check import (
+    TOOL,
+    WRITTEN_TOOLS,
+    WrittenTurn,
+    template_from_file_text,
+    written_turn,
+)
 from tests.engine.test_toolcalls_deepseek import V31, v31_reply
 from tests.engine.test_toolcalls_harmony import GPT_OSS, gpt_oss_reply
 from tests.support.serve import client, start_serve

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.models import DEFAULT_TEMPLATE, GEMMA, bundled_model
-from engine_launcher.template_file import template_file_parts
+from engine_launcher.builder.models import DEFAULT_TEMPLATE, GEMMA, bundled_model
+from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.templates.chat_template import render_prompt
 from tests.support.serve import client, start_serve
 
 WEATHER = {

@@ -1,6 +1,6 @@
 """A real model's chat template in serve's engine: tool-call arguments as objects, a generation prompt.
 
-The pure core first (engine_launcher/tool_call_arguments.py), then ``toolpair serve`` on the bundled
+The pure core first (engine_launcher/templates/tool_call_arguments.py), then ``toolpair serve`` on the bundled
 model with Qwen3-Coder's own chat template as a file (``--chat-template-file``). That template walks
 each call's arguments (``arguments|items``): llama-cpp-python alone hands it the client's JSON
 string, fails, and every conversation with tool calls got a 500. Alone it also closes an empty
@@ -21,9 +21,13 @@ from typing import Any
 import pytest
 from anthropic import AsyncAnthropic
 
-from engine_launcher.models import DEFAULT_TEMPLATE
-from engine_launcher.template_check import TOOL
-from engine_launcher.tool_call_arguments import ParsedArguments, render_with_object_arguments, with_object_arguments
+from engine_launcher.builder.models import DEFAULT_TEMPLATE
+from engine_launcher.templates.template_check import TOOL
+from engine_launcher.templates.tool_call_arguments import (
+    ParsedArguments,
+    render_with_object_arguments,
+    with_object_arguments,
+)
 from tests.support.conversations import parallel_weather
 from tests.support.serve import client, start_serve
 from tests.support.survey import survey

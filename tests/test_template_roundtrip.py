@@ -28,7 +28,7 @@ from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from bench import template_survey as survey
-from engine_launcher.template_check import (
+from engine_launcher.templates.template_check import (
     WRITTEN_ANSWER,
     WRITTEN_TOOLS,
     WrittenTurn,

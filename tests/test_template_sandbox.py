@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from jinja2.exceptions import SecurityError
 
-from engine_launcher.chat_template import compiled, render_prompt
-from engine_launcher.template_check import TOOL, Pairing, TemplateSource, check_template, conversation, render
+from engine_launcher.templates.chat_template import compiled, render_prompt
+from engine_launcher.templates.template_check import TOOL, Pairing, TemplateSource, check_template, conversation, render
 from tests.support.template_replies import template_text
 
 KIMI_K2 = ("Kimi-K2-Instruct", "Kimi-K2-Thinking")  # both keep a queue with ids.append(...)

@@ -6,10 +6,10 @@ import argparse
 import logging
 import textwrap
 
-from engine_launcher.gguf import GGUFError
-from engine_launcher.gguf import chat_template as gguf_chat_template
-from engine_launcher.models import ModelError, serve_model
-from engine_launcher.template_check import (
+from engine_launcher.builder.gguf import GGUFError
+from engine_launcher.builder.gguf import chat_template as gguf_chat_template
+from engine_launcher.builder.models import ModelError, serve_model
+from engine_launcher.templates.template_check import (
     Renderer,
     TemplateSource,
     check_template,

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import TypeAlias
 
-from engine_launcher.template_check import TemplateSource, template_from_file_text
+from engine_launcher.templates.template_check import TemplateSource, template_from_file_text
 from proxy.config import ConfigError, LogFormat, LogLevel, Settings, choices, load_settings
 from proxy.ops.logs import setup_logging
 

@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
-from engine_launcher.backends import BACKEND_CHOICES, SystemProbes, build_plan, detect_backend
-from engine_launcher.install import InstallError, install_engine
+from engine_launcher.builder.backends import BACKEND_CHOICES, build_plan, detect_backend
+from engine_launcher.builder.install import InstallError, install_engine
+from engine_launcher.builder.machine import this_machine
 from proxy.cli.common import Subcommands
 from proxy.config import load_settings
 
@@ -52,16 +53,17 @@ def add_parser(commands: Subcommands) -> None:
 def _run_engine(args: argparse.Namespace) -> int:
     settings = load_settings({"engine_backend": getattr(args, "backend", None)}, config_file=args.config)
     if args.engine_command == "detect":
-        probes = SystemProbes()
-        found = detect_backend(os.environ, probes, explicit=settings.engine_backend)
-        plan = build_plan(found, os.environ, probes)
+        machine = this_machine()
+        found = detect_backend(os.environ, machine, explicit=settings.engine_backend)
+        plan = build_plan(found, os.environ, machine.probes, amx=settings.engine_amx)
         print(f"backend: {found.backend.value}\nreason: {found.reason}")
         print(f"CMAKE_ARGS: {plan.env.get('CMAKE_ARGS', '')}")
         for problem in plan.problems:
             print(f"warning: {problem}")
         return 0
     try:
-        install_engine(settings.engine_backend, rebuild=args.rebuild, portable=args.portable, amx=args.amx)
+        amx = bool(args.amx) or settings.engine_amx
+        install_engine(settings.engine_backend, rebuild=args.rebuild, portable=args.portable, amx=amx)
     except (InstallError, ValueError) as exc:
         print(f"toolpair: {exc}", file=sys.stderr)
         return 1

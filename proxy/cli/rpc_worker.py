@@ -7,10 +7,12 @@ import os
 import shutil
 import sys
 
-from engine_launcher.backends import Backend, SystemProbes, engine_devices
-from engine_launcher.install import read_record, rpc_server_command
-from engine_launcher.launch import child_env
-from engine_launcher.rpc import DEFAULT_PORT, WILDCARD_HOSTS
+from engine_launcher.builder.install import rpc_server_command
+from engine_launcher.builder.machine import this_machine
+from engine_launcher.builder.plan import EngineSettings, plan_engine
+from engine_launcher.builder.record import read_record
+from engine_launcher.inside.rpc import DEFAULT_PORT, WILDCARD_HOSTS
+from engine_launcher.supervise.launch import child_env
 from proxy.cli.common import Subcommands, positive
 
 __all__ = ["add_parser"]
@@ -66,12 +68,11 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     assert record is not None
-    # The worker offers the devices serve's engine would use, with the same environment (process_env).
-    devices = None
-    if record.gpu:
-        devices = engine_devices(Backend(record.backend), os.environ, SystemProbes(timeout=10.0), record.cmake_args)
-    if devices is not None and devices.problem and devices.fatal:  # as serve: rpc-server would fail too
-        print(f"toolpair rpc-worker: {devices.problem}", file=sys.stderr)
+    # The worker offers the devices serve's engine would use, with the same environment: serve's plan.
+    engine = plan_engine(EngineSettings(), this_machine(), record, os.environ)
+    devices = engine.devices
+    if engine.refusal is not None:  # as serve: rpc-server would fail too
+        print(f"toolpair rpc-worker: {engine.refusal}", file=sys.stderr)
         return 2
     if devices is not None and devices.problem:
         print(f"toolpair rpc-worker: warning: {devices.problem}", file=sys.stderr)
@@ -85,4 +86,4 @@ def _run_rpc_worker(args: argparse.Namespace) -> int:
     stdbuf = shutil.which("stdbuf")
     if stdbuf is not None:
         command = [stdbuf, "-oL", *command]
-    os.execve(command[0], command, child_env(os.environ, record.process_env(devices)))
+    os.execve(command[0], command, child_env(os.environ, engine.env))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from engine_launcher.launch import CACHE_TYPES, SPLIT_MODES
+from engine_launcher.supervise.launch import CACHE_TYPES, SPLIT_MODES
 from proxy.cli.common import (
     Subcommands,
     add_listen_options,

@@ -1,8 +1,10 @@
 """What each kind of engine accepts, and what it does itself: the one table.
 
-Every engine difference that toolpair works around is a column here, so the
-adapter (:mod:`proxy.engine.adapt`) and the response path read a profile instead of
-testing engine names. A column that is ``True`` means "the engine copes, leave
+Every difference in an engine's HTTP API that toolpair works around is a column here, so
+the adapter (:mod:`proxy.engine.adapt`) and the response path read a profile instead of
+testing engine names. What toolpair changes inside llama-cpp-python's own process (its
+formatter, prompt cache, detokenizer) is not a column: it is listed in
+:data:`engine_launcher.inside.engine_main.ENGINE_FIXES`. A column that is ``True`` means "the engine copes, leave
 the request (or the reply) alone".
 
 Facts for ``llama-cpp-python`` were checked against its 0.3.36 server with the
@@ -124,7 +126,7 @@ ENGINES: dict[EngineKind, EngineProfile] = {
         # After a stream that fails inside it, its server announces keep-alive
         # but closes the socket, so the next request on that connection breaks.
         reuses_connections=False,
-        # toolpair's engine (engine_launcher.engine_main) reads it per request.
+        # toolpair's engine (engine_launcher.inside.engine_main) reads it per request.
         template_kwargs=True,
     ),
     EngineKind.LLAMA_SERVER: EngineProfile(

@@ -1,6 +1,6 @@
 """Does toolpair read back the tool calls a chat template teaches its model to write?
 
-The template writes its own turn of two parallel calls (:func:`~engine_launcher.template_check.written_turn`);
+The template writes its own turn of two parallel calls (:func:`~engine_launcher.templates.template_check.written_turn`);
 toolpair reads that text the way it reads a llama-cpp-python engine's reply when it knows the
 template (``toolpair serve``, ``toolpair proxy --chat-template-file``): the format and open reasoning
 from :func:`~proxy.engine.plan.follow_template`, the extraction from :func:`~proxy.engine.plan.reply_plan`.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine_launcher.template_check import (
+from engine_launcher.templates.template_check import (
     WRITTEN_TOOLS,
     Renderer,
     TemplateSource,

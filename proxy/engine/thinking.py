@@ -9,7 +9,7 @@ both per request as ``chat_template_kwargs``, and a thinking budget as
 ``reasoning_budget_tokens`` (checked against its build 11434: its ``/v1/messages`` maps
 ``thinking`` to neither, and passes ``chat_template_kwargs`` through; ``docs/apis.md`` has the
 table). toolpair's engine for ``toolpair serve`` takes ``chat_template_kwargs`` per request too
-(:mod:`engine_launcher.engine_main`).
+(:mod:`engine_launcher.inside.engine_main`).
 
 Pure: :func:`anthropic_switch`, :func:`responses_switch` and :func:`chat_switch` read a request;
 :func:`with_switch` returns the body with the switch added, the client's own

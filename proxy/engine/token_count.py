@@ -8,7 +8,7 @@ things:
 - the request first passes llama-cpp-python's pydantic models, which keep only
   the keys they declare (a ``reasoning_content`` or a tool's ``strict`` never
   reaches the template);
-- the template is rendered by :func:`engine_launcher.chat_template.render_prompt`:
+- the template is rendered by :func:`engine_launcher.templates.chat_template.render_prompt`:
   transformers' Jinja dialect, a generation prompt, tool-call arguments as objects.
 
 :func:`estimate_tokens` is the fallback when no template or no tokenizer is
@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from engine_launcher.chat_template import compiled, render_prompt
-from engine_launcher.template_file import TemplateFileError, template_file_parts
+from engine_launcher.builder.template_file import TemplateFileError, template_file_parts
+from engine_launcher.templates.chat_template import compiled, render_prompt
 from proxy._types import Body
 from proxy.engine.call_ids import rendered_ids, template_call_id_form
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine_launcher.chat_template import render_prompt
+from engine_launcher.templates.chat_template import render_prompt
 from proxy.config import ConfigError, Settings
 from proxy.engine.adapt import adapt_chat_request
 from proxy.engine.call_ids import ANY, NINE_ALNUM, fits_form, rendered_ids, template_call_id_form

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_launcher.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
+from engine_launcher.templates.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
 from proxy.engine.toolcalls import (
     CONTENT_WRAPPERS,
     Content,

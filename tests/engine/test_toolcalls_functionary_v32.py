@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.template_check import conversation, render, template_from_file_text
+from engine_launcher.templates.chat_template import render_prompt
+from engine_launcher.templates.template_check import conversation, render, template_from_file_text
 from proxy.engine.toolcalls import Content, ExtractOptions, detect_tool_call_format
 from tests.support import template_replies as replies
 

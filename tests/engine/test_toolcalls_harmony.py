@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine_launcher.template_check import CALL_IDS, CITIES
+from engine_launcher.templates.template_check import CALL_IDS, CITIES
 from proxy.engine.toolcalls import (
     ChunkExtractor,
     Content,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine_launcher.chat_template import render_prompt
+from engine_launcher.templates.chat_template import render_prompt
 from proxy.engine.toolcalls import (
     CONTENT_WRAPPERS,
     Content,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_launcher.template_check import WRITTEN_TOOLS, template_from_file_text, written_turn
+from engine_launcher.templates.template_check import WRITTEN_TOOLS, template_from_file_text, written_turn
 from proxy.engine.toolcalls import Content, ExtractOptions, Reasoning, ToolCall, detect_tool_call_format
 from tests.support.template_replies import every_split, extract, template_text, with_parallel_off
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
+from engine_launcher.templates.chat_template import render_prompt
+from engine_launcher.templates.template_check import WRITTEN_ANSWER, template_from_file_text, written_answer
 from proxy.engine.toolcalls import (
     CONTENT_WRAPPERS,
     Content,

@@ -6,30 +6,34 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher.backends import (
+from engine_launcher.builder.backends import (
     CUDA_NO_VMM_FLAG,
     NO_AMX_FLAGS,
     PORTABLE_FLAG,
     RPC_FLAG,
     Backend,
     Detection,
-    NvidiaGpu,
-    SystemProbes,
     build_plan,
     cuda_architectures,
     cuda_devices,
     detect_backend,
     engine_devices,
-    kfd_gfx_targets,
     parse_backend,
+    runs_on_compute_capability,
+    vulkan_devices,
+)
+from engine_launcher.builder.machine import (
+    Machine,
+    NvidiaGpu,
+    SystemProbes,
+    kfd_gfx_targets,
     parse_nvidia_smi,
     parse_rocminfo,
     parse_sycl_ls,
     parse_vulkaninfo,
-    runs_on_compute_capability,
     visible_cuda_gpus,
-    vulkan_devices,
 )
+from proxy.config import load_settings
 from tests.support.probes import CUBLAS, FakeProbes, captured
 
 
@@ -125,15 +129,15 @@ SMI = "nvidia-smi --query-gpu"
     ],
 )
 def test_detection_order(probes: FakeProbes, env: dict[str, str], backend: Backend, targets: tuple[str, ...]) -> None:
-    found = detect_backend(env, probes)
+    found = detect_backend(env, Machine(probes))
     assert (found.backend, found.targets) == (backend, targets), found.reason
 
 
 def test_an_explicit_choice_wins_without_probing_for_others() -> None:
     probes = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
-    assert detect_backend({}, probes, explicit="vulkan") == Detection(Backend.VULKAN, "chosen explicitly")
+    assert detect_backend({}, Machine(probes), explicit="vulkan") == Detection(Backend.VULKAN, "chosen explicitly")
     assert probes.ran == []
-    assert detect_backend({}, probes, explicit="auto").backend is Backend.CUDA
+    assert detect_backend({}, Machine(probes), explicit="auto").backend is Backend.CUDA
 
 
 def test_unknown_backend_names_are_refused() -> None:
@@ -180,7 +184,9 @@ def test_cpu_code_amx_and_portable_choices() -> None:
     x86, arm = FakeProbes(tools=["c++"]), FakeProbes(tools=["c++"], platform=("Linux", "aarch64"))
     assert build_plan(cpu, {}, x86).cmake_args == (RPC_FLAG, *NO_AMX_FLAGS)
     assert build_plan(cpu, {}, x86, amx=True).cmake_args == (RPC_FLAG,)
-    assert build_plan(cpu, {"TOOLPAIR_ENGINE_AMX": "1"}, x86).cmake_args == (RPC_FLAG,)
+    # TOOLPAIR_ENGINE_AMX is read once, into the settings (engine_amx), which install and serve pass on.
+    amx_setting = load_settings({}, {"TOOLPAIR_ENGINE_AMX": "1"}).engine_amx
+    assert build_plan(cpu, {"TOOLPAIR_ENGINE_AMX": "1"}, x86, amx=amx_setting).cmake_args == (RPC_FLAG,)
     assert build_plan(cpu, {}, arm).cmake_args == (RPC_FLAG,)  # -mno-amx-int8 is not an Arm compiler flag
     for probes in (x86, arm):
         assert build_plan(cpu, {}, probes, portable=True).cmake_args == (RPC_FLAG, PORTABLE_FLAG)
@@ -217,7 +223,7 @@ def test_system_probes_on_this_machine_answer_quickly() -> None:
     assert probes.run(["definitely-not-a-tool-here"]) is None
     assert probes.run(["python3", "-c", "import sys; sys.exit(1)"]) is None
     assert probes.run(["python3", "-c", "print('hi')"]) == "hi\n"
-    assert detect_backend({}, probes).backend in set(Backend)
+    assert detect_backend({}, Machine(probes)).backend in set(Backend)
 
 
 def test_without_nvcc_a_cuda_build_uses_nvidias_toolkit_from_pypi_in_a_directory_of_its_own() -> None:
@@ -260,7 +266,7 @@ def test_a_vulkan_build_on_a_software_device_only_is_pointed_at_it() -> None:
     here = parse_vulkaninfo(captured("vulkaninfo-summary-llvmpipe-mesa22.txt"))  # this project's build machine
     assert here == LLVMPIPE_ONLY
     assert detect_backend(
-        {}, FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-llvmpipe-mesa22.txt")})
+        {}, Machine(FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-llvmpipe-mesa22.txt")}))
     ).backend is (Backend.CPU)  # auto-detection keeps the faster CPU build
     chosen = vulkan_devices(here, {})
     assert chosen.env == {"GGML_VK_VISIBLE_DEVICES": "0"} and chosen.names == (LLVMPIPE_ONLY[0][1],)
@@ -274,8 +280,8 @@ def test_a_vulkan_build_on_a_software_device_only_is_pointed_at_it() -> None:
     none = vulkan_devices([], {})
     assert none.names == () and none.problem is not None and "mesa-vulkan-drivers" in none.problem
     probes = FakeProbes({"vulkaninfo": captured("vulkaninfo-summary-llvmpipe-mesa22.txt")})
-    assert engine_devices(Backend.VULKAN, {}, probes) == chosen
-    assert engine_devices(Backend.CPU, {}, probes) is None
+    assert engine_devices(Backend.VULKAN, {}, Machine(probes)) == chosen
+    assert engine_devices(Backend.CPU, {}, Machine(probes)) is None
 
 
 def test_a_cuda_build_without_driver_or_device_is_one_line_saying_what_to_do() -> None:
@@ -288,9 +294,9 @@ def test_a_cuda_build_without_driver_or_device_is_one_line_saying_what_to_do() -
     assert hidden is not None and "no CUDA device is visible (CUDA_VISIBLE_DEVICES='')" in hidden
     assert cuda_devices(gpus, {}) == cuda_devices(gpus, {}).__class__(("CUDA0: NVIDIA H200",))
     # nvidia-smi absent (no driver) or failing: the same line, from the machine's probes.
-    assert engine_devices(Backend.CUDA, {}, FakeProbes()) == cuda_devices(None, {})
+    assert engine_devices(Backend.CUDA, {}, Machine(FakeProbes())) == cuda_devices(None, {})
     smi = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
-    assert engine_devices(Backend.CUDA, {}, smi) == cuda_devices(gpus, {})
+    assert engine_devices(Backend.CUDA, {}, Machine(smi)) == cuda_devices(gpus, {})
 
 
 def test_vulkan_headers_too_old_for_llama_cpp_are_named_before_the_build() -> None:
@@ -308,18 +314,18 @@ def test_a_cuda_build_is_compiled_for_the_gpus_here() -> None:
     """One architecture instead of llama.cpp's whole list: a fraction of the compile."""
     tools, files = ["nvcc"], [CUBLAS]
     two = FakeProbes({SMI: captured("nvidia-smi-query-two.txt")}, tools=tools, files=files)
-    detected = detect_backend({}, two)
+    detected = detect_backend({}, Machine(two))
     assert detected.targets == ("89", "86")
     plan = build_plan(detected, {}, two)
     assert plan.cmake_args[-1] == "-DCMAKE_CUDA_ARCHITECTURES=89;86"
     assert cuda_architectures(plan.cmake_args) == ("89", "86")
     # Asked for explicitly, CUDA is still compiled for the GPUs nvidia-smi lists (the visible ones).
     h200 = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")}, tools=tools, files=files)
-    assert detect_backend({}, h200, explicit="cuda").targets == ("90",)
-    assert detect_backend({"CUDA_VISIBLE_DEVICES": "1"}, two, explicit="cuda").targets == ("86",)
+    assert detect_backend({}, Machine(h200), explicit="cuda").targets == ("90",)
+    assert detect_backend({"CUDA_VISIBLE_DEVICES": "1"}, Machine(two), explicit="cuda").targets == ("86",)
     # No GPU here (a build box), a portable build, or the user's own list: llama.cpp's or the user's.
     bare = FakeProbes(tools=tools, files=files)
-    blind = build_plan(detect_backend({}, bare, "cuda"), {}, bare)
+    blind = build_plan(detect_backend({}, Machine(bare), "cuda"), {}, bare)
     assert cuda_architectures(blind.cmake_args) is None
     assert blind.problems == (
         "no NVIDIA GPU here to compile for: name the GPUs the build is for with "
@@ -376,5 +382,9 @@ def test_a_cuda_build_for_another_gpu_is_one_line_saying_what_to_do() -> None:
     # From the build's CMake flags, through the machine's probes.
     smi = FakeProbes({SMI: captured("nvidia-smi-query-h200.txt")})
     flags = ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
-    assert engine_devices(Backend.CUDA, {}, smi, flags) == cuda_devices(h200, {}, ("86-real",))
-    assert engine_devices(Backend.CUDA, {}, smi, ["-DGGML_CUDA=on"]).problem is None  # llama.cpp's own list
+    assert engine_devices(Backend.CUDA, {}, Machine(smi), cuda_architectures(flags)) == cuda_devices(
+        h200, {}, ("86-real",)
+    )
+    assert (
+        engine_devices(Backend.CUDA, {}, Machine(smi), cuda_architectures(["-DGGML_CUDA=on"])).problem is None
+    )  # llama.cpp's own list

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from engine_launcher import engine_main
-from engine_launcher.backends import NO_AMX_FLAGS
-from engine_launcher.install import read_record
-from engine_launcher.models import bundled_model
+from engine_launcher.builder.backends import NO_AMX_FLAGS
+from engine_launcher.builder.models import bundled_model
+from engine_launcher.builder.record import read_record
+from engine_launcher.inside import engine_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_the_installed_engine_was_built_without_the_amx_weight_path() -> None:
     """
     record = read_record()
     assert record is not None and set(NO_AMX_FLAGS) <= set(record.cmake_args), record
-    code = "import json; from engine_launcher import engine_main as m; print(json.dumps(m.extra_buffer_types()))"
+    code = "import json; from engine_launcher.inside import engine_main as m; print(json.dumps(m.extra_buffer_types()))"
     done = in_engine_process(code)
     assert done.returncode == 0, done.stderr[-2000:]
     names = json.loads(done.stdout)
@@ -50,19 +50,19 @@ def test_amx_weights_are_kept_off_only_where_ggml_has_them(monkeypatch: pytest.M
     api: Any = pytest.importorskip("llama_cpp.llama_cpp")
     original = api.llama_model_default_params
     monkeypatch.setattr(api, "llama_model_default_params", original)  # undone after the test
-    assert engine_main.keep_weights_off_amx({}, lambda: ["CPU_REPACK"]) is False
+    assert engine_main.keep_weights_off_amx(False, lambda: ["CPU_REPACK"]) is False
     assert api.llama_model_default_params().use_extra_bufts is True
-    assert engine_main.keep_weights_off_amx({"TOOLPAIR_ENGINE_AMX": "1"}, lambda: ["AMX", "CPU_REPACK"]) is False
+    assert engine_main.keep_weights_off_amx(True, lambda: ["AMX", "CPU_REPACK"]) is False
     assert api.llama_model_default_params().use_extra_bufts is True
-    assert engine_main.keep_weights_off_amx({}, lambda: ["AMX", "CPU_REPACK"]) is True
+    assert engine_main.keep_weights_off_amx(False, lambda: ["AMX", "CPU_REPACK"]) is True
     assert api.llama_model_default_params().use_extra_bufts is False
 
 
 LOAD = """
 import sys
-from engine_launcher import engine_main
-from engine_launcher.backends import NO_AMX_FLAGS
-from engine_launcher.install import read_record
+from engine_launcher.inside import engine_main
+from engine_launcher.builder.backends import NO_AMX_FLAGS
+from engine_launcher.builder.install import read_record
 if sys.argv[1] == "off":
     engine_main.load_without_extra_buffers()
 import llama_cpp
@@ -86,7 +86,7 @@ def test_loading_without_extra_buffers_keeps_the_weights_out_of_the_repacked_buf
 
 def test_the_speed_probe_generates_and_reports_tokens_per_second() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "engine_launcher.speed", str(bundled_model()), "--prompt-tokens", "32",
+        [sys.executable, "-m", "engine_launcher.inside.speed", str(bundled_model()), "--prompt-tokens", "32",
          "--gen-tokens", "4", "--repeats", "1"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip

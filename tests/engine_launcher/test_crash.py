@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from engine_launcher.cpu_features import cpu_flags
-from engine_launcher.crash import diagnose, signal_name
+from engine_launcher.builder.machine import cpu_flags
+from engine_launcher.supervise.crash import diagnose, signal_name
+from proxy.cli import build_parser
 
 AMX_LOG = ["load_tensors:          AMX model buffer size =   213.91 MiB", "graph_reserve: ..."]
 AMX_CPU = {"avx512f", "amx_tile", "amx_int8", "amx_bf16"}
@@ -50,3 +52,23 @@ def test_cpu_flags_from_proc_cpuinfo(tmp_path: Path) -> None:
     assert cpu_flags(info) == {"fpu", "avx512f", "amx_tile", "amx_int8"}
     assert cpu_flags(tmp_path / "missing") == frozenset()
     assert isinstance(cpu_flags(), frozenset)  # this machine's, whatever it has
+
+
+def test_every_command_a_diagnosis_advises_exists() -> None:
+    """Advice names commands a user can run: each `toolpair ...` in a fix parses as toolpair's own command line."""
+    fixes = [
+        diagnose(code, log, cpu).fix
+        for code, log, cpu in [
+            (-11, AMX_LOG, AMX_CPU),
+            (-4, [], {"sse2", "avx2"}),
+            (-4, [], {"sse2"}),
+            (-9, [], set()),
+            (-7, [], set()),
+            (-6, ["GGML_ASSERT(x) failed"], set()),
+        ]
+    ]
+    commands = [found for fix in fixes for found in re.findall(r"`toolpair ([^`]+)`", fix)]
+    assert len(commands) >= 3
+    parser = build_parser()
+    for command in commands:
+        parser.parse_args(command.split())  # an unknown command or option exits with status 2

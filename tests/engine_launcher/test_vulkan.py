@@ -24,10 +24,11 @@ import pytest
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from engine_launcher.backends import Backend, SystemProbes, detect_backend, parse_vulkaninfo
-from engine_launcher.install import read_record, record_path
-from engine_launcher.launch import free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder.backends import Backend, detect_backend
+from engine_launcher.builder.machine import Machine, SystemProbes, parse_vulkaninfo
+from engine_launcher.builder.record import read_record, record_path
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 from tests.engine.test_engine_real import TWO_CALLS_GRAMMAR
 from tests.real_engine import offloaded_layers
 from tests.support.serve import Serving, start_serve
@@ -58,7 +59,7 @@ def test_auto_detection_keeps_the_cpu_build_on_a_machine_with_only_a_software_vu
         pytest.skip(f"this machine's Vulkan devices are not all CPU-type: {devices}")
     if probes.run(["nvidia-smi", "-L"]) or probes.kfd_properties():
         pytest.skip("this machine has a CUDA or ROCm GPU")
-    found = detect_backend({}, probes)
+    found = detect_backend({}, Machine(probes))
     assert found.backend is Backend.CPU and "only CPU Vulkan devices" in found.reason
 
 

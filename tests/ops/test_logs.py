@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 import pytest
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from proxy.config import ConfigError
 from proxy.ops.logs import log_handler, setup_logging
 from tests.conftest import Stack

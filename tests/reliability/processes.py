@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_launcher.launch import free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 from tests.mock_engine import MockEngine
 
 __all__ = ["ROOT", "EngineThread", "Process", "rss_kib", "running", "start_mock_engine", "start_toolpair"]

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from engine_launcher.process import ChildSpec, EngineSupervisor
+from engine_launcher.supervise.process import ChildSpec, EngineSupervisor
 from proxy.dialects.responses.request import translate_request
 from proxy.dialects.responses.stream import ResponsesStream
 from proxy.engine.adapt import adapt_chat_request

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from proxy.config import Settings
 from proxy.serve_plan import plan_serve
 from tests.real_engine import bundled_model

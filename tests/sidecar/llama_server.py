@@ -25,9 +25,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine_launcher.launch import free_port
-from engine_launcher.models import bundled_model
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder.models import bundled_model
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
 
 __all__ = [

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from engine_launcher.launch import free_port
-from engine_launcher.process import die_with_parent
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 from tests.reliability.processes import ROOT, Process
 from tests.sidecar.llama_server import llama_server_binary, skip_unless_built, start_llama_server, start_sidecar
 from tests.sidecar.test_llama_server_sidecar import Answer, send

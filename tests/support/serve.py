@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 import aiohttp
 from openai import AsyncOpenAI
 
-from engine_launcher.launch import free_port
-from engine_launcher.models import DEFAULT_TEMPLATE, bundled_model, cache_root
-from engine_launcher.process import die_with_parent
+from engine_launcher.builder.models import DEFAULT_TEMPLATE, bundled_model, cache_root
+from engine_launcher.supervise.launch import free_port
+from engine_launcher.supervise.process import die_with_parent
 
 __all__ = [
     "ROOT",

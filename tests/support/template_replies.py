@@ -8,7 +8,7 @@ extractor, instead of a hand-typed guess. The templates are llama.cpp's, from th
 Two renderings, for two kinds of test:
 
 - :func:`reply_after_prompt` renders check-template's own conversation (two calls, Paris then Tokyo, as
-  ``engine_launcher.template_check`` builds it) and keeps what follows the generation prompt: the exact
+  ``engine_launcher.templates.template_check`` builds it) and keeps what follows the generation prompt: the exact
   bytes the model would write, reasoning and end-of-turn token included.
 - :func:`rendered_reply` renders a weather turn whose arguments carry typed values (:data:`ARGUMENTS`)
   through the engine's renderer, with :data:`OPENAI_TOOLS` declared, and keeps the turn from its content
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import template_survey as survey
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.template_check import conversation, render, template_from_file_text
+from engine_launcher.templates.chat_template import render_prompt
+from engine_launcher.templates.template_check import conversation, render, template_from_file_text
 from proxy.engine import toolcalls
 from proxy.engine.toolcalls import Content, Event, ExtractOptions, Reasoning, TextExtractor, ToolCall
 

@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from tests.mock_engine import MockEngine
 from tests.support.proxies import MakeProxy
 

@@ -117,11 +117,17 @@ LAYERS = (
     ("proxy.engine",),
     ("proxy.ops", "proxy.normalize"),
     ("proxy.order", "proxy.sse", "proxy.errors", "proxy.config", "proxy._types", "proxy"),
-    ("engine_launcher",),
+    ("engine_launcher.supervise",),
+    ("engine_launcher.inside",),
+    ("engine_launcher.templates",),
+    ("engine_launcher.builder", "engine_launcher"),
 )
 """proxy/ from the top down, then engine_launcher/: a module imports only from its own layer or below.
 
-engine_launcher/ is the bottom layer: the proxy calls it, and it never imports the proxy.
+engine_launcher/ lies below the proxy: the proxy calls it, and it never imports the proxy. Inside it, a
+package per program, from the top: the supervisor in toolpair's process, the code that runs in the
+engine's process, the chat templates, and at the bottom the build (the Docker image's engine layer,
+which imports nothing above it).
 
 The top layers are the entry points: ``__main__``, the command line (``proxy/cli/``: the parser put
 together, then one module per command, then what commands share), ``serve`` (the managed engine's
@@ -135,7 +141,7 @@ def _layer(module: str) -> int:
         (len(member), depth)
         for depth, members in enumerate(LAYERS)
         for member in members
-        if module == member or (member != "proxy" and module.startswith(member + "."))
+        if module == member or (member not in ("proxy", "engine_launcher") and module.startswith(member + "."))
     ]
     if not found:
         raise AssertionError(f"{module} is in no layer: add it to LAYERS")
@@ -170,4 +176,28 @@ def test_the_cli_layers_see_a_command_that_imports_the_parser() -> None:
     assert _upward({"proxy.cli.serve": {"proxy.cli.parser"}, "proxy.cli.common": {"proxy.cli.proxy"}}) == [
         "proxy.cli.common -> proxy.cli.proxy",
         "proxy.cli.serve -> proxy.cli.parser",
+    ]
+
+
+def test_the_layer_check_sees_engine_launcher_packages_import_back_up() -> None:
+    assert _upward(
+        {
+            "engine_launcher.builder.install": {"engine_launcher.supervise.launch"},
+            "engine_launcher.templates.chat_template": {"engine_launcher.inside.engine_main"},
+            "engine_launcher.supervise.launch": {"engine_launcher.builder.backends"},
+        }
+    ) == [
+        "engine_launcher.builder.install -> engine_launcher.supervise.launch",
+        "engine_launcher.templates.chat_template -> engine_launcher.inside.engine_main",
+    ]
+
+
+def test_every_engine_launcher_module_sits_in_a_package_of_its_program() -> None:
+    """A module at engine_launcher's top would belong to no program (and to no layer of the image)."""
+    loose = sorted(name for name in _modules() if name.count(".") == 1 and name.startswith("engine_launcher."))
+    assert loose == [
+        "engine_launcher.builder",
+        "engine_launcher.inside",
+        "engine_launcher.supervise",
+        "engine_launcher.templates",
     ]

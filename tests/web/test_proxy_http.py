@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from tests.conftest import Stack
 from tests.mock_engine import MockEngine, Received, breaks_off, chunk, never_answers
 from tests.support.conversations import parallel_weather

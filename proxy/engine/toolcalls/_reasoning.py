@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.template_check import REASONING_MARKERS
+from engine_launcher.templates.chat_template import render_prompt
+from engine_launcher.templates.template_check import REASONING_MARKERS
 
 __all__ = ["DEFAULT_REASONING", "REASONING_MARKERS", "ReasoningForm", "template_reasoning"]
 

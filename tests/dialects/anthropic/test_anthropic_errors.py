@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from engine_launcher.launch import free_port
+from engine_launcher.supervise.launch import free_port
 from proxy.config import ConfigError, Settings
 from proxy.errors import EngineUnavailableError
 from proxy.sse import EventDecoder

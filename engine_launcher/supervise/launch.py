@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_launcher.backends import child_env
+from engine_launcher.builder.backends import child_env
 
 __all__ = [
     "CACHE_TYPES",
@@ -179,7 +179,7 @@ class EngineLaunch:
     host: str = "127.0.0.1"
     python: str = field(default=sys.executable)
     rpc_servers: tuple[str, ...] = ()
-    """llama.cpp RPC workers (HOST:PORT) to split the model across; see engine_launcher/rpc.py."""
+    """llama.cpp RPC workers (HOST:PORT) to split the model across; see engine_launcher/inside/rpc.py."""
     logits_all: bool = False
     """Keep every token's logits, so logprobs can be served (n_ctx x n_vocab x 4 bytes)."""
     prompt_cache_bytes: int = 0
@@ -200,6 +200,8 @@ class EngineLaunch:
     """Any other server setting (``--engine-arg KEY=VALUE``), passed as ``--KEY VALUE``."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Set in the engine's environment: its device choice, its build's run-time libraries (see :func:`child_env`)."""
+    amx: bool = False
+    """Load weights into llama.cpp's AMX buffer (``engine_amx``); otherwise the engine keeps them off it."""
 
     @property
     def url(self) -> str:
@@ -209,17 +211,17 @@ class EngineLaunch:
 def engine_command(launch: EngineLaunch) -> list[str]:
     """The argv that starts llama-cpp-python's OpenAI-compatible server.
 
-    It runs through :mod:`engine_launcher.engine_main`, which bounds the
+    It runs through :mod:`engine_launcher.inside.engine_main`, which bounds the
     server's prompt cache by what it really holds.
 
     >>> launch = EngineLaunch(Path("m.gguf"), 8001, "k", 4096, python="python")
     >>> engine_command(launch)[:5]
-    ['python', '-m', 'engine_launcher.engine_main', 'llama_cpp.server', '--model']
+    ['python', '-m', 'engine_launcher.inside.engine_main', 'llama_cpp.server', '--model']
     """
     command = [
-        # llama_cpp.server ignores rpc_servers; engine_launcher.rpc registers the workers, then runs it.
-        launch.python, "-m", "engine_launcher.engine_main",
-        "engine_launcher.rpc" if launch.rpc_servers else "llama_cpp.server",
+        # llama_cpp.server ignores rpc_servers; engine_launcher.inside.rpc registers the workers, then runs it.
+        launch.python, "-m", "engine_launcher.inside.engine_main", *(["--amx"] if launch.amx else []),
+        "engine_launcher.inside.rpc" if launch.rpc_servers else "llama_cpp.server",
         "--model", str(launch.model),
         "--host", launch.host,
         "--port", str(launch.port),

@@ -1,27 +1,26 @@
 """Which llama.cpp backend suits this machine, and how to build for it.
 
 An explicit choice (config, environment or ``--backend``) wins. Otherwise the
-probes run in order, each cheap and bounded by a timeout, and the first that
-finds a usable device decides: CUDA, HIP/ROCm, SYCL, Metal, Vulkan, then CPU.
+machine's devices are looked at in order, and the first kind found decides:
+CUDA, HIP/ROCm, SYCL, Metal, Vulkan, then CPU.
 
-Deciding is pure: the parsers below take the text a tool printed and return
-what it says. Only :class:`SystemProbes` runs anything, so tests feed the
-parsers captured outputs instead of hardware.
+Deciding is pure: it reads the facts of a :class:`~engine_launcher.builder.machine.Machine`,
+which alone asks the machine. The build plan also asks :class:`Probes` about the
+build's tools (compilers, SDKs, headers).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
 
-from engine_launcher.models import cache_root
+from engine_launcher.builder.cpu_features import is_native_build
+from engine_launcher.builder.machine import ONEAPI_SETVARS, Machine, NvidiaGpu, Probes, visible_cuda_gpus
+from engine_launcher.builder.models import cache_root
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 
 __all__ = [
     "BACKEND_CHOICES",
@@ -33,13 +32,9 @@ __all__ = [
     "CudaToolkit",
     "Detection",
     "EngineDevices",
-    "NvidiaGpu",
-    "ProbedOnce",
-    "Probes",
     "NO_AMX_FLAGS",
     "PORTABLE_FLAG",
     "RPC_FLAG",
-    "SystemProbes",
     "build_plan",
     "child_env",
     "cuda_architectures",
@@ -49,14 +44,8 @@ __all__ = [
     "engine_devices",
     "gpu_free_memory",
     "install_hint",
-    "kfd_gfx_targets",
     "parse_backend",
-    "parse_nvidia_smi",
-    "parse_rocminfo",
-    "parse_sycl_ls",
-    "parse_vulkaninfo",
     "truthy",
-    "visible_cuda_gpus",
     "vulkan_devices",
     "vulkan_header_version",
 ]
@@ -102,146 +91,6 @@ class Detection:
     backend: Backend
     reason: str
     targets: tuple[str, ...] = ()
-
-
-# --- parsers: tool output in, facts out -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NvidiaGpu:
-    index: str
-    name: str
-    uuid: str = ""
-    compute_cap: str = ""
-    memory_free: int | None = None
-    """Free memory in bytes, when the listing says (the query's fifth column, in MiB)."""
-
-
-_SMI_LIST = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: ([^)]+)\))?\s*$")
-
-
-def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
-    """GPUs from ``nvidia-smi --query-gpu=index,name,uuid,compute_cap,memory.free`` (CSV) or ``nvidia-smi -L``.
-
-    >>> parse_nvidia_smi("0, NVIDIA H200, GPU-1a2b, 9.0, 143000\\n")
-    [NvidiaGpu(index='0', name='NVIDIA H200', uuid='GPU-1a2b', compute_cap='9.0', memory_free=149946368000)]
-    """
-    gpus: list[NvidiaGpu] = []
-    for line in text.splitlines():
-        line = line.strip()
-        listed = _SMI_LIST.match(line)
-        if listed:
-            gpus.append(NvidiaGpu(listed.group(1), listed.group(2).strip(), listed.group(3) or ""))
-            continue
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[0].isdigit():
-            uuid = parts[2] if len(parts) > 2 else ""
-            cap = parts[3] if len(parts) > 3 and re.fullmatch(r"\d+\.\d+", parts[3]) else ""
-            free = int(parts[4]) * 1024 * 1024 if len(parts) > 4 and parts[4].isdigit() else None
-            gpus.append(NvidiaGpu(parts[0], parts[1], uuid, cap, free))
-    return gpus
-
-
-def visible_cuda_gpus(gpus: Sequence[NvidiaGpu], env: Mapping[str, str]) -> list[NvidiaGpu]:
-    """The GPUs a CUDA program may use under ``CUDA_VISIBLE_DEVICES``.
-
-    Like the CUDA runtime: unset means all; an index or a (prefix of a) UUID
-    selects one; the list ends at the first entry that names no device; an
-    empty value, or ``-1``, hides them all. MIG instances count as visible.
-
-    >>> gpus = [NvidiaGpu("0", "A"), NvidiaGpu("1", "B", "GPU-77aa")]
-    >>> [g.name for g in visible_cuda_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "GPU-77,0"})]
-    ['B', 'A']
-    """
-    value = env.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return list(gpus)
-    chosen: list[NvidiaGpu] = []
-    for entry in (e.strip() for e in value.split(",")):
-        if entry.startswith("MIG-") and gpus:
-            chosen.append(gpus[0])
-            continue
-        match = next(
-            (g for g in gpus if g.index == entry or (entry.startswith("GPU-") and g.uuid.startswith(entry))), None
-        )
-        if match is None:
-            break
-        if match not in chosen:
-            chosen.append(match)
-    return chosen
-
-
-def kfd_gfx_targets(properties: Sequence[str]) -> list[str]:
-    """gfx targets from the ``properties`` files of ``/sys/class/kfd/kfd/topology/nodes/*``.
-
-    ``gfx_target_version`` packs major, minor and stepping as decimal digit
-    pairs; the stepping is written in hex in the target name. CPU nodes say 0.
-
-    >>> kfd_gfx_targets(["gfx_target_version 0", "gfx_target_version 90010", "gfx_target_version 110000"])
-    ['gfx90a', 'gfx1100']
-    """
-    targets: list[str] = []
-    for text in properties:
-        found = re.search(r"^gfx_target_version\s+(\d+)\s*$", text, re.MULTILINE)
-        if not found or int(found.group(1)) == 0:
-            continue
-        version = int(found.group(1))
-        major, minor, stepping = version // 10000, version // 100 % 100, version % 100
-        target = f"gfx{major}{minor:x}{stepping:x}"
-        if target not in targets:
-            targets.append(target)
-    return targets
-
-
-def parse_rocminfo(text: str) -> list[str]:
-    """gfx targets of the GPU agents that ``rocminfo`` lists.
-
-    >>> parse_rocminfo("  Name:                    gfx1100\\n  Device Type:             GPU\\n")
-    ['gfx1100']
-    """
-    targets: list[str] = []
-    for found in re.finditer(r"^\s*Name:\s+(gfx[0-9a-f]+)\b", text, re.MULTILINE):
-        if found.group(1) not in targets:
-            targets.append(found.group(1))
-    return targets
-
-
-def parse_sycl_ls(text: str) -> list[str]:
-    """Names of Intel GPUs that ``sycl-ls`` reports (Level Zero or OpenCL).
-
-    >>> parse_sycl_ls("[level_zero:gpu][level_zero:0] Intel(R) Level-Zero, Intel(R) Arc(TM) A770 Graphics 1.3 [1.3]")
-    ['Intel(R) Arc(TM) A770 Graphics']
-    """
-    names: list[str] = []
-    for line in text.splitlines():
-        head = re.match(r"^\s*\[([^\]]*:gpu[^\]]*)\](?:\[[^\]]*\])?\s*(.*)$", line)
-        if not head or "Intel" not in head.group(2):
-            continue
-        # "<platform>, <device name> <version> [<driver>]"
-        device = head.group(2).split(",", 1)[-1].strip()
-        device = re.sub(r"\s+(?:OpenCL\s+)?[\d.]+(?:\s+NEO)?\s*\[[^\]]*\]\s*$", "", device).strip()
-        if device and device not in names:
-            names.append(device)
-    return names
-
-
-def parse_vulkaninfo(text: str) -> list[tuple[str, str]]:
-    """``(device type, device name)`` pairs from ``vulkaninfo --summary``.
-
-    >>> parse_vulkaninfo("GPU0:\\n\\tdeviceType = PHYSICAL_DEVICE_TYPE_CPU\\n\\tdeviceName = llvmpipe\\n")
-    [('PHYSICAL_DEVICE_TYPE_CPU', 'llvmpipe')]
-    """
-    devices: list[tuple[str, str]] = []
-    kind = ""
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if key == "deviceType":
-            kind = value
-        elif key == "deviceName" and kind:
-            devices.append((kind, value))
-            kind = ""
-    return devices
 
 
 VK_VISIBLE_DEVICES = "GGML_VK_VISIBLE_DEVICES"
@@ -401,115 +250,16 @@ def cuda_devices(
     return EngineDevices(tuple(f"CUDA{i}: {g.name}" for i, g in enumerate(visible)))
 
 
-# --- probes: the only place that touches the machine ------------------------------------------
+# --- detection: the machine's facts in, the backend out ------------------------------------------
 
 
-class Probes(Protocol):
-    """What detection may look at. Each method returns None when the tool is absent or fails."""
-
-    def run(self, argv: Sequence[str]) -> str | None: ...
-
-    def kfd_properties(self) -> list[str]: ...
-
-    def platform(self) -> tuple[str, str]: ...
-
-    def which(self, name: str) -> str | None: ...
-
-    def exists(self, path: str) -> bool: ...
+def _cuda_gpus(env: Mapping[str, str], machine: Machine) -> list[NvidiaGpu]:
+    return visible_cuda_gpus(machine.nvidia_gpus or (), env)
 
 
-class SystemProbes:
-    """Probes of the real machine, each bounded by ``timeout`` seconds."""
-
-    def __init__(self, timeout: float = 5.0) -> None:
-        self.timeout = timeout
-
-    def run(self, argv: Sequence[str]) -> str | None:
-        if shutil.which(argv[0]) is None:
-            return None
-        try:
-            done = subprocess.run(
-                list(argv), capture_output=True, text=True, timeout=self.timeout, stdin=subprocess.DEVNULL
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
-    def kfd_properties(self) -> list[str]:
-        nodes = Path("/sys/class/kfd/kfd/topology/nodes")
-        texts = []
-        for props in sorted(nodes.glob("*/properties")):
-            try:
-                texts.append(props.read_text())
-            except OSError:
-                continue
-        return texts
-
-    def platform(self) -> tuple[str, str]:
-        uname = os.uname()
-        return uname.sysname, uname.machine
-
-    def which(self, name: str) -> str | None:
-        return shutil.which(name)
-
-    def exists(self, path: str) -> bool:
-        return Path(path).exists()
-
-
-class ProbedOnce:
-    """Probes that ask the machine each question once: a second ask gets the first answer.
-
-    One ``serve`` start asks detection, the devices check and the memory plan the same
-    questions (nvidia-smi takes a second or more with a GPU asleep); the machine does not
-    change in between, so the first answer is the answer. Hold one for one decision, not
-    for the life of a long-running process.
-    """
-
-    def __init__(self, probes: Probes) -> None:
-        self._probes = probes
-        self._runs: dict[tuple[str, ...], str | None] = {}
-        self._kfd: list[str] | None = None
-
-    def run(self, argv: Sequence[str]) -> str | None:
-        key = tuple(argv)
-        if key not in self._runs:
-            self._runs[key] = self._probes.run(argv)
-        return self._runs[key]
-
-    def kfd_properties(self) -> list[str]:
-        if self._kfd is None:
-            self._kfd = self._probes.kfd_properties()
-        return list(self._kfd)
-
-    def platform(self) -> tuple[str, str]:
-        return self._probes.platform()
-
-    def which(self, name: str) -> str | None:
-        return self._probes.which(name)
-
-    def exists(self, path: str) -> bool:
-        return self._probes.exists(path)
-
-
-ONEAPI_SETVARS = "/opt/intel/oneapi/setvars.sh"
-_SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,uuid,compute_cap,memory.free", "--format=csv,noheader,nounits")
-"""The one nvidia-smi query: detection, the devices check and the memory plan all read its answer."""
-
-
-def _oneapi(env: Mapping[str, str], probes: Probes) -> bool:
-    return bool(env.get("ONEAPI_ROOT")) or probes.which("icpx") is not None or probes.exists(ONEAPI_SETVARS)
-
-
-def _cuda_gpus(env: Mapping[str, str], probes: Probes) -> list[NvidiaGpu]:
-    smi = probes.run(_SMI_QUERY)
-    if smi is None:
-        smi = probes.run(["nvidia-smi", "-L"])
-    return visible_cuda_gpus(parse_nvidia_smi(smi or ""), env)
-
-
-def gpu_free_memory(env: Mapping[str, str], probes: Probes) -> int | None:
+def gpu_free_memory(env: Mapping[str, str], machine: Machine) -> int | None:
     """Free memory of the first NVIDIA GPU a CUDA program may use, from the one nvidia-smi query; else None."""
-    gpus = _cuda_gpus(env, probes)
+    gpus = _cuda_gpus(env, machine)
     return gpus[0].memory_free if gpus else None
 
 
@@ -518,63 +268,62 @@ def _compute_capabilities(gpus: Sequence[NvidiaGpu]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(g.compute_cap.replace(".", "") for g in gpus if g.compute_cap))
 
 
-def detect_backend(env: Mapping[str, str], probes: Probes, explicit: str | None = None) -> Detection:
-    """Pick the backend: ``explicit`` unless it is ``auto``, else the first probe that finds a device.
+def detect_backend(env: Mapping[str, str], machine: Machine, explicit: str | None = None) -> Detection:
+    """Pick the backend: ``explicit`` unless it is ``auto``, else the first kind of device the machine has.
 
-    ``AMDGPU_TARGETS`` in ``env`` overrides the gfx targets found for HIP.
+    ``AMDGPU_TARGETS`` in ``env`` overrides the gfx targets found for HIP. An explicit choice asks the
+    machine nothing beyond what that backend's targets need.
     """
     chosen = parse_backend(explicit) if explicit else None
     env_targets = tuple(t for t in env.get("AMDGPU_TARGETS", "").replace(",", ";").split(";") if t)
     if chosen is Backend.CUDA:
-        return Detection(chosen, "chosen explicitly", _compute_capabilities(_cuda_gpus(env, probes)))
+        return Detection(chosen, "chosen explicitly", _compute_capabilities(_cuda_gpus(env, machine)))
     if chosen is not None:
         targets = env_targets if chosen is Backend.HIP else ()
         if chosen is Backend.HIP and not targets:
-            targets = tuple(kfd_gfx_targets(probes.kfd_properties()) or parse_rocminfo(probes.run(["rocminfo"]) or ""))
+            targets = machine.amd_targets
         return Detection(chosen, "chosen explicitly", targets)
 
-    gpus = _cuda_gpus(env, probes)
+    gpus = _cuda_gpus(env, machine)
     if gpus:
         caps = _compute_capabilities(gpus)
         names = ", ".join(g.name for g in gpus)
         return Detection(Backend.CUDA, f"nvidia-smi: {len(gpus)} visible GPU(s): {names}", caps)
 
-    found = kfd_gfx_targets(probes.kfd_properties()) or parse_rocminfo(probes.run(["rocminfo"]) or "")
+    found = machine.amd_targets
     if found:
-        return Detection(Backend.HIP, f"ROCm: AMD GPU {', '.join(found)}", env_targets or tuple(found))
+        return Detection(Backend.HIP, f"ROCm: AMD GPU {', '.join(found)}", env_targets or found)
 
-    intel = parse_sycl_ls(probes.run(["sycl-ls"]) or "")
-    if intel and _oneapi(env, probes):
+    intel = machine.intel_gpus
+    if intel and (bool(env.get("ONEAPI_ROOT")) or machine.oneapi):
         return Detection(Backend.SYCL, f"sycl-ls: {', '.join(intel)}")
 
-    system, machine = probes.platform()
-    if system == "Darwin":
-        translated = (probes.run(["sysctl", "-n", "sysctl.proc_translated"]) or "0").strip() == "1"
-        if machine == "arm64" and not translated:
-            return Detection(Backend.METAL, "Apple silicon (arm64)")
+    system, arch = machine.platform
+    if system == "Darwin" and arch == "arm64" and not machine.rosetta:
+        return Detection(Backend.METAL, "Apple silicon (arm64)")
 
-    devices = parse_vulkaninfo(probes.run(["vulkaninfo", "--summary"]) or "")
+    devices = machine.vulkan_devices
     gpu_devices = [name for kind, name in devices if kind != "PHYSICAL_DEVICE_TYPE_CPU"]
     if gpu_devices:
         return Detection(Backend.VULKAN, f"vulkaninfo: {', '.join(gpu_devices)}")
     reason = "no GPU found" if not devices else f"only CPU Vulkan devices ({', '.join(n for _, n in devices)})"
-    if system == "Darwin" and machine != "arm64":
+    if system == "Darwin" and arch != "arm64":
         reason = "Intel Mac or Python under Rosetta: no Metal"
     return Detection(Backend.CPU, reason)
 
 
 def engine_devices(
-    backend: Backend, env: Mapping[str, str], probes: Probes, cmake_args: Sequence[str] = ()
+    backend: Backend, env: Mapping[str, str], machine: Machine, architectures: Sequence[str] | None = None
 ) -> EngineDevices | None:
-    """The devices a ``backend`` build (made with ``cmake_args``) will use on this machine.
+    """The devices a ``backend`` build (for CUDA ``architectures``, None: any) will use on this machine.
 
     None where toolpair does not look (CPU, HIP, ...).
     """
     if backend is Backend.VULKAN:
-        return vulkan_devices(parse_vulkaninfo(probes.run(["vulkaninfo", "--summary"]) or ""), env)
+        return vulkan_devices(machine.vulkan_devices, env)
     if backend is Backend.CUDA:
-        smi = probes.run(_SMI_QUERY)
-        return cuda_devices(None if smi is None else parse_nvidia_smi(smi), env, cuda_architectures(cmake_args))
+        gpus = machine.nvidia_gpus
+        return cuda_devices(None if gpus is None else list(gpus), env, architectures)
     return None
 
 
@@ -621,7 +370,7 @@ class CudaToolkit:
     The wheels share one tree, ``nvidia/cu13/{bin,include,lib,nvvm}``; the
     install adds what a system toolkit has and the wheels lack (the
     ``targets/<arch>-linux`` directories nvcc.profile names, ``lib64``,
-    unversioned ``.so`` links for CMake), see ``engine_launcher.install``.
+    unversioned ``.so`` links for CMake), see ``engine_launcher.builder.install``.
     """
 
     home: Path
@@ -655,6 +404,17 @@ class BuildPlan:
     """A toolkit to install from PyPI before building (CUDA without nvcc)."""
     run_env: dict[str, str] = field(default_factory=dict)
     """What the engine's process needs in its environment to load this build (its toolkit's libraries)."""
+    portable: bool = False
+    """Built for llama.cpp's baseline CPU (and its list of CUDA architectures), not this machine's."""
+    amx: bool = False
+    """llama.cpp's AMX weight path may be compiled in: a native x86 build asked to keep it."""
+    cuda_architectures: tuple[str, ...] | None = None
+    """The CUDA architectures compiled for; None: llama.cpp's own list, or not a CUDA build."""
+
+    @property
+    def rpc(self) -> bool:
+        """The build has llama.cpp's RPC backend (every toolpair build does)."""
+        return RPC_FLAG in self.cmake_args
 
 
 def _setvars_env(probes: Probes) -> dict[str, str]:
@@ -687,7 +447,7 @@ def _has_cublas(nvcc: str, env: Mapping[str, str], probes: Probes) -> bool:
 VULKAN_CORE_HEADER = "/usr/include/vulkan/vulkan_core.h"
 VULKAN_MIN_HEADER = 261
 """Vulkan-Headers 1.3.261 brought VK_EXT_layer_settings, which the vendored llama.cpp's Vulkan backend uses."""
-_LLAMA_CPP = "(llama-cpp-python 0.3.36)"
+_LLAMA_CPP = f"(llama-cpp-python {LLAMA_CPP_VERSION})"
 
 
 def vulkan_header_version(text: str) -> int | None:
@@ -715,25 +475,25 @@ def build_plan(
     probes: Probes,
     *,
     portable: bool | None = None,
-    amx: bool | None = None,
+    amx: bool = False,
 ) -> BuildPlan:
     """CMake flags and environment for ``detection.backend``; the user's ``CMAKE_ARGS`` come last.
 
     ``portable`` (default ``TOOLPAIR_ENGINE_PORTABLE``) builds for llama.cpp's
     baseline CPU instead of this one's, and for llama.cpp's list of CUDA
     architectures instead of this machine's GPUs: for images and other machines. ``amx``
-    (default ``TOOLPAIR_ENGINE_AMX``) keeps llama.cpp's AMX weight path in a
-    native x86 build; see :data:`NO_AMX_FLAGS`.
+    (the ``engine_amx`` setting, ``TOOLPAIR_ENGINE_AMX``) keeps llama.cpp's AMX weight
+    path in a native x86 build; see :data:`NO_AMX_FLAGS`.
     """
     backend = detection.backend
     extra = tuple(env.get("CMAKE_ARGS", "").split())
     portable = truthy(env.get("TOOLPAIR_ENGINE_PORTABLE")) if portable is None else portable
-    amx = truthy(env.get("TOOLPAIR_ENGINE_AMX")) if amx is None else amx
+    x86 = probes.platform()[1].lower() in _X86
     # Every build can split a model across `toolpair rpc-worker` machines (llama.cpp RPC).
     common: tuple[str, ...] = (RPC_FLAG,)
     if portable:
         common += (PORTABLE_FLAG,)
-    elif not amx and probes.platform()[1].lower() in _X86:
+    elif not amx and x86:
         common += NO_AMX_FLAGS
     build_env: dict[str, str] = {}
     run_env: dict[str, str] = {}
@@ -809,8 +569,19 @@ def build_plan(
                     f"1.3.{VULKAN_MIN_HEADER} or newer (VK_EXT_layer_settings): install newer ones and pass "
                     "CMAKE_ARGS=-DVulkan_INCLUDE_DIR=DIR (on Debian 12: scripts/vulkan_headers.sh prints DIR)"
                 )
-    build_env["CMAKE_ARGS"] = " ".join((*common, *args, *extra))
-    return BuildPlan(backend, (*common, *args, *extra), build_env, tuple(problems), toolkit, run_env)
+    cmake_args = (*common, *args, *extra)
+    build_env["CMAKE_ARGS"] = " ".join(cmake_args)
+    return BuildPlan(
+        backend,
+        cmake_args,
+        build_env,
+        tuple(problems),
+        toolkit,
+        run_env,
+        portable=not is_native_build(cmake_args),
+        amx=is_native_build(cmake_args) and x86 and not any(a.endswith("-mno-amx-int8") for a in cmake_args),
+        cuda_architectures=cuda_architectures(cmake_args) if backend is Backend.CUDA else None,
+    )
 
 
 # The Docker image's engine layer holds this module, not launch.py: install and serve both use it.

@@ -39,31 +39,27 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from engine_launcher.backends import (
+from engine_launcher.builder.backends import (
     Backend,
     BuildPlan,
     CudaToolkit,
-    EngineDevices,
-    ProbedOnce,
-    Probes,
-    SystemProbes,
     build_plan,
     child_env,
     detect_backend,
-    engine_devices,
     install_hint,
 )
-from engine_launcher.cpu_features import cpu_flags, instruction_sets, is_native_build
-from engine_launcher.models import cache_root, sha256_file
+from engine_launcher.builder.cpu_features import instruction_sets, is_native_build
+from engine_launcher.builder.machine import Machine, Probes, this_machine
+from engine_launcher.builder.models import cache_root, sha256_file
+from engine_launcher.builder.plan import EngineSettings, plan_engine
+from engine_launcher.builder.record import EngineRecord, read_record, record_path, write_record
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
 
 __all__ = [
-    "LLAMA_CPP_VERSION",
     "BuildProgress",
-    "EngineRecord",
     "InstallError",
     "build_directory",
     "build_wheel",
@@ -71,14 +67,11 @@ __all__ = [
     "install_cuda_toolkit",
     "install_engine",
     "lay_out_cuda_toolkit",
-    "read_record",
-    "record_path",
     "rpc_server_command",
     "wheel_command",
     "wheel_dir",
 ]
 
-LLAMA_CPP_VERSION = "0.3.36"
 REQUIREMENT = f"llama-cpp-python=={LLAMA_CPP_VERSION}"
 _LOG_TAIL = 30
 RPC_SOURCE = "rpc-server-src"
@@ -88,57 +81,6 @@ RPC_SERVER = "rpc-server"
 
 class InstallError(RuntimeError):
     """Raised when building, installing or verifying the engine fails; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class EngineRecord:
-    """What ``toolpair engine install`` put into an environment."""
-
-    backend: str
-    version: str
-    wheel: str
-    sha256: str
-    gpu_offload: bool | None
-    """None when it could not be checked (no device of that kind where it was installed)."""
-    cmake_args: list[str]
-    rpc_server: str | None = None
-    """The ``rpc-server`` built against this engine's ggml, or None (an engine built without RPC)."""
-    run_env: dict[str, str] = dataclasses.field(default_factory=dict)
-    """What the engine's process needs in its environment to load this build (a PyPI CUDA toolkit's libraries)."""
-    built_for_cpu: list[str] | None = None
-    """A native build's instruction sets (the CPU that built it); None for a portable build or an older record."""
-
-    @property
-    def gpu(self) -> bool:
-        return self.backend != Backend.CPU.value
-
-    def process_env(self, devices: EngineDevices | None = None) -> dict[str, str]:
-        """What a process that loads this build needs in its environment, on a machine with ``devices``.
-
-        The build's run-time libraries (a PyPI CUDA toolkit's) and the device choice made here (a
-        software Vulkan device is chosen explicitly); devices with a problem add nothing. One answer
-        for every process that loads the build: serve's engine, ``rpc-worker``, the tests' engine.
-        """
-        chosen = devices.env if devices is not None and devices.problem is None else {}
-        return {**self.run_env, **chosen}
-
-
-def record_path(prefix: str | Path = sys.prefix) -> Path:
-    return Path(prefix) / "share" / "toolpair" / "engine.json"
-
-
-def read_record(path: Path | None = None) -> EngineRecord | None:
-    """The install record, or None when the engine was not installed by toolpair."""
-    try:
-        data = json.loads((path or record_path()).read_text())
-        return EngineRecord(**data)
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def _write_record(path: Path, record: EngineRecord) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(record), indent=2) + "\n")
 
 
 def wheel_dir(backend: Backend, cache: Path | None = None) -> Path:
@@ -151,7 +93,7 @@ def build_directory(
     """Where the wheel for ``backend`` built with exactly ``cmake_args`` lives.
 
     A native build is also keyed by ``cpu``, the instruction sets it may use
-    (:mod:`engine_launcher.cpu_features`): a cache shared with another CPU never
+    (:mod:`engine_launcher.builder.cpu_features`): a cache shared with another CPU never
     hands it a wheel that stops with SIGILL.
 
     >>> build_directory(Backend.CPU, ["-DGGML_RPC=ON"], Path("/c")).parent
@@ -499,22 +441,24 @@ def install_engine(
     cache: Path | None = None,
     rebuild: bool = False,
     portable: bool | None = None,
-    amx: bool | None = None,
+    amx: bool = False,
     out: TextIO = sys.stderr,
 ) -> EngineRecord:
     """Build (or reuse) and install llama-cpp-python for ``backend`` into ``python``'s environment.
 
-    ``portable`` and ``amx`` choose the CPU code (see :func:`build_plan`).
+    ``portable`` and ``amx`` choose the CPU code (see :func:`build_plan`); ``probes`` stand for the
+    machine (default: this one, probed once per process). Whether the build runs here, with what in
+    its environment, is :func:`~engine_launcher.builder.plan.plan_engine`'s answer, as for serve.
     """
     env = os.environ if env is None else env
-    probes = ProbedOnce(probes or SystemProbes())  # detection and the devices check ask the machine once
-    detection = detect_backend(env, probes, explicit=backend)
+    machine = this_machine() if probes is None else Machine(probes)
+    detection = detect_backend(env, machine, explicit=backend)
     _say(out, f"engine backend: {detection.backend.value} ({detection.reason})")
-    plan = build_plan(detection, env, probes, portable=portable, amx=amx)
+    plan = build_plan(detection, env, machine.probes, portable=portable, amx=amx)
     for problem in plan.problems:
         _say(out, f"warning: {problem}")
     native = is_native_build(plan.cmake_args)
-    built_for_cpu = sorted(instruction_sets(cpu_flags(), plan.cmake_args)) if native else None
+    built_for_cpu = sorted(instruction_sets(machine.cpu_flags, plan.cmake_args)) if native else None
     directory = build_directory(detection.backend, plan.cmake_args, cache, built_for_cpu or ())
     if plan.toolkit is not None:  # needed to build, and its libraries to run the build
         install_cuda_toolkit(plan.toolkit, python, out)
@@ -528,10 +472,25 @@ def install_engine(
     marker = record_path(_prefix(python))
     previous = read_record(marker)
     backend = detection.backend
+    built = EngineRecord(
+        backend.value,
+        LLAMA_CPP_VERSION,
+        str(wheel),
+        digest,
+        None,
+        list(plan.cmake_args),
+        None,
+        plan.run_env,
+        built_for_cpu,
+        portable=plan.portable,
+        rpc=plan.rpc,
+        amx=plan.amx,
+        cuda_architectures=None if plan.cuda_architectures is None else list(plan.cuda_architectures),
+    )
     # Loading the build needs its toolkit's libraries; using the device may need a device choice.
-    devices = engine_devices(backend, env, probes, plan.cmake_args)
-    device_env = {} if devices is None or devices.problem else devices.env
-    load_env = child_env(env, {**plan.run_env, **device_env})
+    # A build for another machine (no device here: a `docker build`) is installed all the same.
+    here = plan_engine(EngineSettings(backend=backend.value, amx=amx), machine, built, env)
+    load_env = child_env(env, here.env)
     if previous and previous.sha256 == digest and previous.backend == detection.backend.value:
         try:
             _verify(python, load_env)
@@ -544,10 +503,10 @@ def install_engine(
                 if rpc is None or not Path(rpc).exists():
                     rpc = install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out)
                 current = dataclasses.replace(
-                    previous, wheel=str(wheel), rpc_server=rpc, run_env=plan.run_env, built_for_cpu=built_for_cpu
+                    built, version=previous.version, gpu_offload=previous.gpu_offload, rpc_server=rpc
                 )
                 if current != previous:
-                    _write_record(marker, current)
+                    write_record(marker, current)
                 return current
             # Installed where it could not be verified: install again below and verify here.
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
@@ -567,21 +526,16 @@ def install_engine(
     # Without a device of this kind (a `docker build`, a build host), GPU offload cannot be shown
     # here: the build is kept, unverified, and serve's engine log tells on the real machine. A
     # device detection passes over (a software Vulkan device) counts when this backend was asked for.
-    device_here = (
-        not backend.gpu
-        or detect_backend(env, probes).backend is backend
-        or (devices is not None and devices.problem is None and bool(devices.names))
-    )
     try:
         found = _verify(python, load_env)
     except InstallError as exc:
-        if device_here:
+        if here.device_here:
             raise
         _say(out, f"warning: could not load the {backend.value} engine here (no {backend.value} device?): {exc}")
         found = {"version": LLAMA_CPP_VERSION, "gpu_offload": None}
     offload = found.get("gpu_offload")
     if backend.gpu and not offload:
-        if device_here:
+        if here.device_here:
             raise InstallError(
                 f"the {backend.value} build of llama-cpp-python reports no GPU offload support. "
                 f"Check {directory / 'build.log'}; a {backend.value} build needs "
@@ -589,18 +543,13 @@ def install_engine(
             )
         _say(out, f"warning: no {backend.value} device here, so GPU offload is not verified")
         offload = None
-    record = EngineRecord(
-        backend.value,
-        str(found.get("version")),
-        str(wheel),
-        digest,
-        None if offload is None else bool(offload),
-        list(plan.cmake_args),
-        install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out),
-        plan.run_env,
-        built_for_cpu,
+    record = dataclasses.replace(
+        built,
+        version=str(found.get("version")),
+        gpu_offload=None if offload is None else bool(offload),
+        rpc_server=install_rpc_server(python, directory / RPC_SOURCE, marker.parent.parent.parent, load_env, out),
     )
-    _write_record(marker, record)
+    write_record(marker, record)
     shown = {None: "not verified", True: "yes", False: "no"}[record.gpu_offload]
     _say(out, f"installed llama-cpp-python {record.version} for {record.backend} (GPU offload: {shown})")
     return record

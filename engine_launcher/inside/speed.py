@@ -1,4 +1,4 @@
-"""How fast the installed engine computes here, measured in this process: ``python -m engine_launcher.speed``.
+"""How fast the installed engine computes here, measured in this process: ``python -m engine_launcher.inside.speed``.
 
 It loads a model with llama-cpp-python directly (no server, no HTTP), evaluates
 a prompt of ``--prompt-tokens`` and generates ``--gen-tokens`` greedily, and
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine_launcher.engine_main import extra_buffer_types, keep_weights_off_amx, load_without_extra_buffers
+from engine_launcher.inside.engine_main import extra_buffer_types, keep_weights_off_amx, load_without_extra_buffers
 
 __all__ = ["main", "measure"]
 
@@ -71,7 +71,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_launcher.speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine_launcher.inside.speed", description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--gen-tokens", type=int, default=32)

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-__all__ = ["cpu_flags", "instruction_sets", "is_native_build", "missing_instruction_sets"]
+__all__ = ["instruction_sets", "is_native_build", "missing_instruction_sets"]
 
 _INSTRUCTION_SET = re.compile(
     r"^(sse|ssse3|avx|fma|f16c|bmi|amx|popcnt|movbe|lzcnt|abm|adx|aes|pclmulqdq|vpclmulqdq|gfni|vaes|sha_ni"
@@ -30,19 +29,6 @@ _INSTRUCTION_SET = re.compile(
 )
 _NATIVE_OFF = re.compile(r"^-DGGML_NATIVE(:BOOL)?=(OFF|0|FALSE|NO|N)$", re.IGNORECASE)
 _NO_AMX = "-mno-amx-int8"
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """This CPU's feature flags as Linux lists them (``amx_int8``, ``avx512f``, ...); empty elsewhere."""
-    try:
-        text = cpuinfo.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def is_native_build(cmake_args: Sequence[str]) -> bool:

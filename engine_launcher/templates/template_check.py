@@ -39,8 +39,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from engine_launcher.chat_template import render_prompt
-from engine_launcher.template_file import TemplateFileError, template_file_parts
+from engine_launcher.builder.template_file import TemplateFileError, template_file_parts
+from engine_launcher.templates.chat_template import render_prompt
 
 __all__ = [
     "CALL_IDS",
@@ -163,7 +163,7 @@ class Renderer(Enum):
     """Who renders the template.
 
     ``llama-cpp-python``: the engine ``toolpair serve`` runs, with toolpair's changes
-    (:mod:`engine_launcher.chat_template`): arguments as objects, else as the client's strings.
+    (:mod:`engine_launcher.templates.chat_template`): arguments as objects, else as the client's strings.
     ``transformers``: Hugging Face transformers' ``apply_chat_template``, which vLLM uses and whose
     dialect llama-server's ``--jinja`` follows: its Jinja dialect, and arguments parsed into objects.
     """
@@ -449,7 +449,7 @@ def template_from_file_text(text: str, origin: str = "") -> TemplateSource:
     """A template from a file's text: a tokenizer_config-style JSON object, or the bare Jinja.
 
     JSON gives its own ``bos_token`` and ``eos_token`` (see
-    :func:`~engine_launcher.chat_template.template_file_parts`). Raises ValueError when a JSON file
+    :func:`~engine_launcher.templates.chat_template.template_file_parts`). Raises ValueError when a JSON file
     holds no usable template.
 
     >>> template_from_file_text('{"chat_template": "{{ 1 }}", "bos_token": "<b>", "eos_token": "<e>"}').bos_token

@@ -26,7 +26,7 @@ compute: an HTTP server that answers proves only that the model loaded, and
 the first matrix multiply is where a build for another CPU, or llama.cpp's AMX
 path, dies. "Ready" means it generated.
 
-An exit by a signal is diagnosed (:mod:`engine_launcher.crash`): the reason a
+An exit by a signal is diagnosed (:mod:`engine_launcher.supervise.crash`): the reason a
 failed start, a restart or a give-up reports names the signal, what the
 engine was doing, and for known causes what to do. :meth:`crash_since`
 hands the same diagnosis to a request the crash cut off.
@@ -60,8 +60,8 @@ from typing import Any
 
 import aiohttp
 
-from engine_launcher.cpu_features import cpu_flags
-from engine_launcher.crash import Diagnosis, diagnose
+from engine_launcher.builder.machine import this_machine
+from engine_launcher.supervise.crash import Diagnosis, diagnose
 
 __all__ = [
     "ChildSpec",
@@ -247,7 +247,7 @@ class EngineSupervisor:
         cpu: frozenset[str] | None = None,
     ) -> None:
         self.spec = spec
-        self._cpu = cpu_flags() if cpu is None else cpu
+        self._cpu = this_machine().cpu_flags if cpu is None else cpu
         """This CPU's feature flags, for diagnosing a crash (``amx_int8``, ...)."""
         self._quote_requests = quote_requests
         self._hidden: int | None = None  # lines of a failed-request report left out so far

@@ -1,6 +1,6 @@
 """How ``toolpair serve``'s engine turns messages into a prompt: one answer for the engine, the check and count_tokens.
 
-The engine is llama-cpp-python (0.3.36) with toolpair's changes (``engine_main``). It renders a
+The engine is llama-cpp-python with toolpair's changes (``engine_main``). It renders a
 model's own template with its ``Jinja2ChatFormatter``: transformers' Jinja dialect (``{% break %}``,
 ``tojson`` with json.dumps' keywords, the ``{% generation %}`` tag), in a sandbox with
 ``trim_blocks`` and ``lstrip_blocks``, given ``add_generation_prompt``, ``raise_exception``,
@@ -30,7 +30,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
-from engine_launcher.tool_call_arguments import render_with_object_arguments, with_object_arguments
+from engine_launcher.templates.tool_call_arguments import render_with_object_arguments, with_object_arguments
 
 __all__ = [
     "FORMATTER_NAMES",
@@ -165,6 +165,8 @@ def render_prompt(
     eos_token: str,
     tools: Any = None,
     tool_choice: Any = None,
+    functions: Any = None,
+    function_call: Any = None,
     strftime_now: Callable[[str], str] = _strftime_now,
     as_transformers: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
@@ -172,10 +174,13 @@ def render_prompt(
 ) -> str:
     """The prompt the engine renders from ``messages`` with template ``text``; raises what the template raises.
 
+    ``functions`` and ``function_call``: a request's (OpenAI's older names for tools), as the engine
+    hands them to the template.
+
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
     ``template_kwargs``: a request's ``chat_template_kwargs`` (``enable_thinking``), which the engine adds
-    to what the template sees (:func:`engine_launcher.engine_main.take_template_kwargs_per_request`).
+    to what the template sees (:func:`engine_launcher.inside.engine_main.take_template_kwargs_per_request`).
     ``add_generation_prompt`` False renders a finished conversation (the model's own turns as written).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
@@ -195,8 +200,8 @@ def render_prompt(
                     "bos_token": bos_token,
                     "raise_exception": _raise_exception,
                     "add_generation_prompt": add_generation_prompt,
-                    "functions": None,
-                    "function_call": None,
+                    "functions": functions,
+                    "function_call": function_call,
                     "tools": tools,
                     "tool_choice": tool_choice,
                     "strftime_now": strftime_now,

@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_launcher.gguf import Metadata, chat_template, read_metadata
-from engine_launcher.template_file import TemplateFileError, template_file_parts
+from engine_launcher.builder.gguf import Metadata, chat_template, read_metadata
+from engine_launcher.builder.template_file import TemplateFileError, template_file_parts
 
 __all__ = [
     "CHATML",
@@ -62,7 +62,7 @@ __all__ = [
     "template_choice",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "config" / "templates"
 DEFAULT_TEMPLATE = TEMPLATES / "chatml-tools.json"
 """ChatML with tools: the template of a model that has none and whose family is not known."""

@@ -3,7 +3,7 @@
 llama-cpp-python 0.3.36 still accepts ``rpc_servers`` but drops it: llama.cpp
 moved RPC servers out of the model parameters and into ggml's device registry.
 So when ``serve --rpc`` is given, the engine starts through this module
-(``python -m engine_launcher.rpc`` with llama_cpp.server's own arguments): it
+(``python -m engine_launcher.inside.rpc`` with llama_cpp.server's own arguments): it
 checks that every worker answers, registers each one as ggml devices, then
 runs ``llama_cpp.server`` unchanged in the same process. The model loader then
 sees the workers as GPU devices and splits the offloaded layers across them

@@ -1,24 +1,19 @@
-"""Run llama-cpp-python's server with its RAM prompt cache bounded by what it really holds.
+"""Code toolpair runs inside the engine's process: its changes to llama-cpp-python, listed in one table.
 
-``python -m engine_launcher.engine_main llama_cpp.server --model ...`` applies
-the fix below, then runs the server module exactly as ``python -m`` would.
+``python -m engine_launcher.inside.engine_main [--amx] MODULE ARGS...`` applies every fix in
+:data:`ENGINE_FIXES`, then runs MODULE (``llama_cpp.server``, or :mod:`engine_launcher.inside.rpc`,
+which registers RPC workers first) exactly as ``python -m`` would. ``--amx`` is the ``engine_amx``
+setting, passed by the launcher: this process reads no setting of its own.
 
-Why: llama-cpp-python's RAM cache keeps its entries under ``cache_size`` by
-counting each entry's llama.cpp state only. Every entry also holds a copy of
-the server's Python-side logits rows: with ``logits_all`` off that is up to
-n_batch x n_vocab float32 values (512 MiB for Gemma's 262,144-token vocabulary)
-that nothing ever reads back, since sampling happens inside llama.cpp. A 1 GiB
-cache of 40 MB conversation states would hold 25 of them: 13 GiB in truth.
+Each fix reaches into llama-cpp-python's internals (private names such as ``_logits_all``,
+``scores``, ``ChatFormatterResponse``), so each row of the table says what it changes, why, the
+llama-cpp-python release it was checked against (:data:`~engine_launcher.builder.version.LLAMA_CPP_VERSION`,
+the one pin) and the test that fails without it. A new release means reading every row again; a
+test holds the installed release to the rows.
 
-The fix, in the engine's own process: with ``logits_all`` off, saving and
-restoring a state see the logits array as its first row only, so a saved state
-carries one row (1 MiB) instead of up to n_batch rows, and neither step copies
-or writes the rest. And the cache counts each entry's logits and token arrays
-against its bound, so ``cache_size`` is what the cache holds.
-
-Also here, before the model loads: :func:`keep_weights_off_amx`,
-:func:`render_chat_templates_as_models_expect`, :func:`take_template_kwargs_per_request` and
-:func:`write_control_tokens_as_text`.
+The engine's patched formatter renders as :func:`engine_launcher.templates.chat_template.render_prompt`
+(check-template, count_tokens) does, from the same sandbox and argument handling; tests hold the two
+equal (``tests/engine/test_token_count.py``).
 """
 
 from __future__ import annotations
@@ -27,18 +22,20 @@ import contextlib
 import contextvars
 import ctypes
 import importlib
-import os
 import runpy
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from engine_launcher.backends import truthy
-from engine_launcher.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
-from engine_launcher.template_file import template_file_parts
-from engine_launcher.tool_call_arguments import render_with_object_arguments
+from engine_launcher.builder.template_file import template_file_parts
+from engine_launcher.builder.version import LLAMA_CPP_VERSION
+from engine_launcher.templates.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
+from engine_launcher.templates.tool_call_arguments import render_with_object_arguments
 
 __all__ = [
+    "ENGINE_FIXES",
+    "EngineFix",
     "bound_prompt_cache",
     "extra_buffer_types",
     "keep_weights_off_amx",
@@ -50,10 +47,23 @@ __all__ = [
 ]
 
 AMX_SETTING = "TOOLPAIR_ENGINE_AMX"
+"""The setting (``engine_amx``) that keeps llama.cpp's AMX weight path; read in toolpair's settings, never here."""
 
 
 def bound_prompt_cache() -> None:
-    """Patch llama-cpp-python (0.3.x) in this process as described above."""
+    """Bound the RAM prompt cache by what it really holds.
+
+    llama-cpp-python's RAM cache keeps its entries under ``cache_size`` by counting each entry's
+    llama.cpp state only. Every entry also holds a copy of the server's Python-side logits rows:
+    with ``logits_all`` off that is up to n_batch x n_vocab float32 values (512 MiB for Gemma's
+    262,144-token vocabulary) that nothing ever reads back, since sampling happens inside llama.cpp.
+    A 1 GiB cache of 40 MB conversation states would hold 25 of them: 13 GiB in truth.
+
+    The fix: with ``logits_all`` off, saving and restoring a state see the logits array as its first
+    row only, so a saved state carries one row (1 MiB) instead of up to n_batch rows, and neither step
+    copies or writes the rest. And the cache counts each entry's logits and token arrays against its
+    bound, so ``cache_size`` is what the cache holds.
+    """
     # Imported by name: toolpair's own checks run where the engine may not be installed yet.
     llama: Any = importlib.import_module("llama_cpp.llama")
     llama_cache: Any = importlib.import_module("llama_cpp.llama_cache")
@@ -92,12 +102,13 @@ def _first_logits_row(model: Any) -> Iterator[None]:
 
 
 def render_chat_templates_as_models_expect() -> None:
-    """Have the engine render chat templates as :mod:`engine_launcher.chat_template` says.
+    """Have the engine render chat templates as :mod:`engine_launcher.templates.chat_template` says.
 
     A model's own template (``Jinja2ChatFormatter``) gets tool-call arguments as objects. A template
     file (``--chat_format hf-tokenizer-config``: ``serve --chat-template-file`` and the bundled
     model's ChatML) is rendered by that same formatter, with a generation prompt, instead of plain
-    jinja2 with an empty assistant message appended. Both run in :class:`~.chat_template.TemplateSandbox`.
+    jinja2 with an empty assistant message appended. Both run in
+    :class:`~engine_launcher.templates.chat_template.TemplateSandbox`.
     """
     chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
     if getattr(chat_format, "_toolpair_templates", False):
@@ -142,7 +153,7 @@ _REQUEST_TEMPLATE_KWARGS: contextvars.ContextVar[Mapping[str, Any] | None] = con
 def take_template_kwargs_per_request() -> None:
     """Have the engine take ``chat_template_kwargs`` in each chat request, as llama-server does.
 
-    llama-cpp-python (0.3.36) reads them only once, from its settings at model load, and drops the
+    llama-cpp-python reads them only once, from its settings at model load, and drops the
     field from a request; so a client's (or toolpair's, :mod:`proxy.engine.thinking`) thinking
     switch, ``enable_thinking``, never reached the template. Here the request model gains the
     field, the chat call keeps it aside for the length of the call (the prompt is formatted
@@ -184,7 +195,7 @@ def take_template_kwargs_per_request() -> None:
 def write_control_tokens_as_text() -> None:
     """Have the engine's completions spell out the control tokens the model writes, as its template does.
 
-    llama-cpp-python (0.3.36) turns a completion's tokens into text without their special pieces,
+    llama-cpp-python turns a completion's tokens into text without their special pieces,
     so a control token comes back as nothing. Most call and reasoning markers are control tokens
     in a GGUF: the conversion marks every ``<|...|>`` token (and DeepSeek's fullwidth-bar ones), and every
     token the tokenizer calls special, as one (gpt-oss's ``<|channel|>``, DeepSeek's tool-calls
@@ -249,21 +260,18 @@ def load_without_extra_buffers() -> None:
     api.llama_model_default_params = without_extra_buffers
 
 
-def keep_weights_off_amx(
-    environ: dict[str, str] | os._Environ[str] = os.environ,
-    buffer_types: Callable[[], list[str]] = extra_buffer_types,
-) -> bool:
+def keep_weights_off_amx(keep_amx: bool = False, buffer_types: Callable[[], list[str]] = extra_buffer_types) -> bool:
     """Load weights without extra buffer types where llama.cpp would put them in AMX; True when it did.
 
     llama.cpp repacks weights into its AMX buffer on CPUs with AMX, and the first
     matrix multiply there segfaults (llama.cpp #20824). toolpair's own builds
-    leave AMX out (see ``engine_launcher.backends.NO_AMX_FLAGS``); this covers an
+    leave AMX out (see ``engine_launcher.builder.backends.NO_AMX_FLAGS``); this covers an
     engine built elsewhere with it in. ``use_extra_bufts = false`` is the one
     switch llama.cpp offers, and it also turns off the other repacked CPU
-    kernels, so it is used only where AMX is present. ``TOOLPAIR_ENGINE_AMX=1``
-    keeps AMX, for a llama.cpp that has fixed it.
+    kernels, so it is used only where AMX is present. ``keep_amx`` (``--amx``, which the
+    launcher passes when the ``engine_amx`` setting is on) keeps AMX, for a llama.cpp that has fixed it.
     """
-    if truthy(environ.get(AMX_SETTING)) or "AMX" not in buffer_types():
+    if keep_amx or "AMX" not in buffer_types():
         return False
     load_without_extra_buffers()
     print(
@@ -275,16 +283,67 @@ def keep_weights_off_amx(
     return True
 
 
+@dataclass(frozen=True)
+class EngineFix:
+    """One change toolpair makes inside llama-cpp-python, and how to tell it is still needed."""
+
+    apply: Callable[[bool], object]
+    """Makes the change in this process; given the ``--amx`` choice (only the AMX row reads it)."""
+    changes: str
+    """What of llama-cpp-python's (and llama.cpp's) it replaces or reads, private names included."""
+    why: str
+    test: str
+    """The test that fails without it (``path::name``)."""
+    checked_against: str = LLAMA_CPP_VERSION
+    """The llama-cpp-python release the change was read against."""
+
+
+ENGINE_FIXES: tuple[EngineFix, ...] = (
+    EngineFix(
+        lambda keep_amx: bound_prompt_cache(),
+        "Llama.save_state, Llama.load_state (Llama._logits_all, Llama.scores), LlamaRAMCache.cache_size",
+        "the RAM prompt cache holds many times its cache_size in unused logits rows",
+        "tests/engine_launcher/test_engine_tuning.py::test_a_saved_state_holds_one_logits_row_and_the_cache_counts_all_it_holds",
+    ),
+    EngineFix(
+        lambda keep_amx: render_chat_templates_as_models_expect(),
+        "Jinja2ChatFormatter.__call__, llama_chat_format.ImmutableSandboxedEnvironment, "
+        "hf_tokenizer_config_to_chat_formatter",
+        "templates get arguments as strings, a template file gets no generation prompt, Kimi K2's template "
+        "cannot build its own lists",
+        "tests/engine/test_token_count.py::test_render_matches_the_engine_exactly",
+    ),
+    EngineFix(
+        lambda keep_amx: take_template_kwargs_per_request(),
+        "server.types.CreateChatCompletionRequest, Llama.create_chat_completion, Jinja2ChatFormatter.__call__",
+        "a request's chat_template_kwargs (enable_thinking) never reach the template",
+        "tests/test_serve_templates.py::test_anthropic_thinking_turns_the_templates_switch_and_count_tokens_follows",
+    ),
+    EngineFix(
+        lambda keep_amx: write_control_tokens_as_text(),
+        "Llama.detokenize",
+        "call and reasoning markers that are control tokens vanish from completions",
+        "tests/engine/test_engine_real.py::test_control_tokens_the_model_writes_reach_the_reply_as_text",
+    ),
+    EngineFix(
+        keep_weights_off_amx,
+        "llama_model_default_params (use_extra_bufts); ggml_backend_dev_get_extra_bufts through ctypes",
+        "llama.cpp's AMX weight path segfaults at the first matrix multiply (llama.cpp #20824)",
+        "tests/engine_launcher/test_cpu_build.py::test_amx_weights_are_kept_off_only_where_ggml_has_them",
+    ),
+)
+"""Every change toolpair makes inside llama-cpp-python, in the order :func:`main` applies them."""
+
+
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m engine_launcher.engine_main MODULE [ARGS...]")
-    module = sys.argv[1]
-    sys.argv = [module, *sys.argv[2:]]
-    bound_prompt_cache()
-    render_chat_templates_as_models_expect()
-    take_template_kwargs_per_request()
-    write_control_tokens_as_text()
-    keep_weights_off_amx()
+    keep_amx = len(sys.argv) > 1 and sys.argv[1] == "--amx"
+    args = sys.argv[2:] if keep_amx else sys.argv[1:]
+    if not args:
+        sys.exit("usage: python -m engine_launcher.inside.engine_main [--amx] MODULE [ARGS...]")
+    module = args[0]
+    sys.argv = [module, *args[1:]]
+    for fix in ENGINE_FIXES:
+        fix.apply(keep_amx)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -16,7 +16,7 @@ The parts, as llama.cpp and llama-cpp-python allocate them:
   logits (the price of logprobs);
 - compute buffers: one micro-batch's logits and attention scores, plus a fixed
   allowance for the runtime;
-- prompt cache: its bound (which :mod:`engine_launcher.engine_main` makes
+- prompt cache: its bound (which :mod:`engine_launcher.inside.engine_main` makes
   the bytes it really holds).
 
 The estimate errs high; it is a bound to check against, not a measurement.
@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine_launcher.gguf import Metadata
+from engine_launcher.builder.gguf import Metadata
 
 __all__ = [
     "MemoryEstimate",

@@ -1,0 +1,1 @@
+"""Chat templates: the one renderer (engine, check-template and count_tokens) and the template analysis."""
