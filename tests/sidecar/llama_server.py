@@ -240,7 +240,13 @@ class RecordingHop:
         return [s for s in self.sent if s.path_qs.split("?")[0] == path][-1]
 
     async def _start(self) -> str:
-        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300))
+        # A new connection per forward: a kept-alive one that llama-server closes just as the next request
+        # goes out fails that request in the hop ("Server disconnected"), which is not what the tests test.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=300),
+        )
         app = web.Application(client_max_size=64 << 20)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)
