@@ -35,6 +35,7 @@ __all__ = [
     "RecordingHop",
     "Sent",
     "SidecarStack",
+    "TINY_BODIES",
     "llama_server_binary",
     "models_dir",
     "skip_unless_built",
@@ -154,6 +155,15 @@ def _when_ready(
     raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')[-3000:]}")
 
 
+_HI = [{"role": "user", "content": "Hi"}]
+TINY_BODIES = {
+    "/v1/chat/completions": {"messages": _HI, "max_tokens": 3, "temperature": 0},
+    "/v1/messages": {"messages": _HI, "max_tokens": 3, "temperature": 0},
+    "/v1/responses": {"input": "Hi", "max_output_tokens": 3, "temperature": 0},
+}
+"""The least request of each API: ``Hi``, three tokens of answer."""
+
+
 class SidecarStack:
     """llama-server started with ``engine_args``, a :class:`RecordingHop` in front of it, and the sidecars that
     :meth:`start_sidecars` puts in front of the hop; stopped in reverse order, also when a start fails.
@@ -166,13 +176,17 @@ class SidecarStack:
         self.processes: list[Process] = []
         self.hop: RecordingHop | None = None
         try:
-            self.engine = self.keep(start_llama_server(binary, tmp, *engine_args))
+            self.engine = self.keep(self.start_engine(*engine_args))
             self.hop = RecordingHop(self.engine.url)
             self.hop.start()
             self.start_sidecars(self.hop.url)
         except BaseException:
             self.stop()
             raise
+
+    def start_engine(self, *engine_args: str) -> Process:
+        """The engine behind the hop: llama-server with ``engine_args`` by default."""
+        return start_llama_server(self.binary, self.tmp, *engine_args)
 
     def start_sidecars(self, upstream: str) -> None:
         """Starts (and :meth:`keep` s) what stands in front of the hop at ``upstream``; nothing by default."""

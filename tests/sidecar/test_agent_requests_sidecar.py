@@ -27,63 +27,44 @@ from tests.claude_code_fixture import TOOL_NAMES, claude_code_request
 from tests.reliability.processes import Process
 from tests.sidecar.llama_server import (
     MODEL_ALIAS,
-    RecordingHop,
+    TINY_BODIES,
+    SidecarStack,
     llama_server_binary,
     models_dir,
+    skip_unless_built,
     start_llama_router,
-    start_llama_server,
     start_sidecar,
 )
 from tests.sidecar.test_llama_server_sidecar import Answer, send
 
 BINARY = llama_server_binary()
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)",
-)
+pytestmark = skip_unless_built(BINARY)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MODELS = ("gemma-a", "gemma-b")
 CONTEXT = ("-c", "16384", "-np", "1")
 """Claude Code's request is about 13k tokens: one slot that holds it."""
 OPUS, HAIKU, CODEX = "claude-opus-5-5", "claude-haiku-4-5-20251001", "local-model"
-HI = [{"role": "user", "content": "Hi"}]
-BODIES = {
-    "/v1/chat/completions": {"messages": HI, "max_tokens": 3, "temperature": 0},
-    "/v1/messages": {"messages": HI, "max_tokens": 3, "temperature": 0},
-    "/v1/responses": {"input": "Hi", "max_output_tokens": 3, "temperature": 0},
-}
+BODIES = TINY_BODIES
 
 
-class Engine:
+class Engine(SidecarStack):
     """One engine <- recording hop <- ``toolpair proxy`` with the given flags (each an entry of ``sidecars``)."""
 
     def __init__(self, tmp: Path, router: bool, **sidecars: tuple[str, ...]) -> None:
         assert BINARY is not None
-        self.processes: list[Process] = []
-        self.hop: RecordingHop | None = None
-        try:
-            if router:
-                models = models_dir(tmp / "models", *MODELS)
-                self.engine = self._keep(start_llama_router(BINARY, tmp, models, *CONTEXT, "--models-max", "1"))
-            else:
-                self.engine = self._keep(start_llama_server(BINARY, tmp, *CONTEXT))
-            self.hop = RecordingHop(self.engine.url)
-            self.hop.start()
-            self.sidecars = {name: self._keep(start_sidecar(tmp, self.hop.url, *a)) for name, a in sidecars.items()}
-        except BaseException:
-            self.stop()
-            raise
+        self.router, self.flags = router, sidecars
+        self.sidecars: dict[str, Process] = {}
+        super().__init__(BINARY, tmp, *CONTEXT)
 
-    def _keep(self, process: Process) -> Process:
-        self.processes.append(process)
-        return process
+    def start_engine(self, *engine_args: str) -> Process:
+        if not self.router:
+            return super().start_engine(*engine_args)
+        models = models_dir(self.tmp / "models", *MODELS)
+        return start_llama_router(self.binary, self.tmp, models, *engine_args, "--models-max", "1")
 
-    def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
-        if self.hop is not None:
-            self.hop.stop()
+    def start_sidecars(self, upstream: str) -> None:
+        self.sidecars = {name: self.keep(start_sidecar(self.tmp, upstream, *a)) for name, a in self.flags.items()}
 
     def url(self, sidecar: str = "plain") -> str:
         return self.sidecars[sidecar].url

@@ -17,6 +17,7 @@ import pytest
 
 from tests.sidecar.llama_server import (
     MODEL_ALIAS,
+    TINY_BODIES,
     SidecarStack,
     llama_server_binary,
     skip_unless_built,
@@ -26,12 +27,7 @@ from tests.sidecar.llama_server import (
 BINARY = llama_server_binary()
 pytestmark = skip_unless_built(BINARY)
 
-HI = [{"role": "user", "content": "Hi"}]
-BODIES = {
-    "/v1/chat/completions": {"messages": HI, "max_tokens": 3, "temperature": 0},
-    "/v1/messages": {"messages": HI, "max_tokens": 3, "temperature": 0},
-    "/v1/responses": {"input": "Hi", "max_output_tokens": 3, "temperature": 0},
-}
+BODIES = TINY_BODIES
 
 
 class Stack(SidecarStack):
