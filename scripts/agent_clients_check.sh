@@ -15,8 +15,9 @@
 #
 # The same clients through `toolpair proxy` (the sidecar, no flags) in front of an engine instead:
 #   UPSTREAM=llama-server scripts/agent_clients_check.sh   # llama.cpp's llama-server (scripts/build_llama_server.sh),
-#                                                          # the bundled model, --jinja, LLAMA_CTX (default 32768)
-#   UPSTREAM=llama-router scripts/agent_clients_check.sh   # llama-server's router: --models-dir with the bundled
+#                                                          # serve's default model (ENGINE_MODEL=PATH for
+#                                                          # another), --jinja, LLAMA_CTX (default 32768)
+#   UPSTREAM=llama-router scripts/agent_clients_check.sh   # llama-server's router: --models-dir with that
 #                                                          # model under two names (ROUTER_MODELS), the first
 #                                                          # loaded through the router's /models/load (ROUTER_LOAD;
 #                                                          # "none" loads nothing: give a map in EXTRA_SERVE_ARGS)
@@ -76,7 +77,8 @@ URL="http://127.0.0.1:$PORT"
 started="$(now)"
 if [ "$UPSTREAM" = llama-server ] || [ "$UPSTREAM" = llama-router ]; then
     LLAMA_SERVER="$(PYTHON="$PYTHON" "$ROOT/scripts/build_llama_server.sh")" || { echo "FAIL: llama-server build"; exit 1; }
-    MODEL="$("$PYTHON" -c 'from engine_launcher.builder.models import bundled_model; print(bundled_model())')"
+    # serve's default model (SmolLM2-135M-Instruct), which ends its turns; ENGINE_MODEL=PATH for another GGUF
+    MODEL="${ENGINE_MODEL:-$("$PYTHON" -c 'from engine_launcher.builder.models import default_model; print(default_model())')}"
     ENGINE_PORT="$(free_port)"
     if [ "$UPSTREAM" = llama-router ]; then
         mkdir -p "$WORK/models"
