@@ -87,6 +87,15 @@ def forwardable_headers(headers: Mapping[str, str], drop: Iterable[str] = ()) ->
     return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in skip])
 
 
+IDLE_CONNECTION_SECONDS = 4.0
+"""How long a pooled connection to the engine may sit idle before toolpair closes it.
+
+Below the engines' own idle limit (llama-server's HTTP library and uvicorn, under vLLM, both close
+an idle connection after 5 s): a connection the engine is closing just as a request is written to
+it fails that request, and only the side that closes first can rule that out.
+"""
+
+
 class Upstream:
     """An OpenAI-compatible server that requests are forwarded to."""
 
@@ -114,7 +123,7 @@ class Upstream:
     async def start(self) -> None:
         """Open the pooled session; call from inside the running event loop."""
         connector = (
-            aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+            aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_SECONDS, enable_cleanup_closed=True)
             if self._reuses_connections
             else aiohttp.TCPConnector(limit=0, force_close=True, enable_cleanup_closed=True)
         )

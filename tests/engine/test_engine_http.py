@@ -418,3 +418,23 @@ async def test_llama_cpp_python_gets_a_fresh_connection_per_request(lcp: str, st
         for _ in range(3):
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert len({seen.peer for seen in engine.received[3:]}) == 1
+
+
+async def test_an_idle_pooled_connection_is_closed_before_the_engines_own_idle_limit(
+    stack: Stack, engine: MockEngine
+) -> None:
+    """llama-server and uvicorn drop a connection idle for 5 s; toolpair lets go of it first.
+
+    A request written to a connection the engine is closing at that moment fails; so after
+    :data:`~proxy.engine.upstream.IDLE_CONNECTION_SECONDS` idle the next request gets a new one.
+    """
+    from proxy.engine.upstream import IDLE_CONNECTION_SECONDS
+
+    async with AsyncOpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0) as client:
+        for pause in (0.0, 0.2, IDLE_CONNECTION_SECONDS + 0.5):
+            await asyncio.sleep(pause)
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    peers = [seen.peer for seen in engine.received]
+    assert peers[0] == peers[1], "a connection idle for a moment is reused"
+    assert peers[2] != peers[1], "one idle past the limit is not"
+    assert IDLE_CONNECTION_SECONDS < 5
