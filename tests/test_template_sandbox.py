@@ -61,3 +61,16 @@ def test_a_templates_own_list_changes_only_inside_a_render_that_names_its_inputs
     assert prompt(own) == "3[1, 2]"
     with pytest.raises(SecurityError):
         compiled(own).render()  # no inputs named: as jinja2's immutable sandbox
+
+
+def test_the_lists_of_functions_and_template_kwargs_stay_the_callers() -> None:
+    """The engine's load-time ``chat_template_kwargs`` outlive a request: a template changing them would leak."""
+    loaded: dict[str, Any] = {"names": ["a"]}
+    functions = [{"name": "f"}]
+    for text, inputs in [
+        ("{% set _ = names.append('b') %}", {"template_kwargs": loaded}),
+        ("{% set _ = functions.append({}) %}", {"functions": functions}),
+    ]:
+        with pytest.raises(SecurityError):
+            render_prompt(text, [], bos_token="", eos_token="", **inputs)
+    assert loaded == {"names": ["a"]} and functions == [{"name": "f"}]

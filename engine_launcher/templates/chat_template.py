@@ -179,8 +179,10 @@ def render_prompt(
 
     ``as_transformers``: as transformers' ``apply_chat_template`` renders it (vLLM, and the dialect
     llama-server's ``--jinja`` follows): the same, but arguments as plain dicts and no fallback to strings.
-    ``template_kwargs``: a request's ``chat_template_kwargs`` (``enable_thinking``), which the engine adds
-    to what the template sees (:func:`engine_launcher.inside.engine_main.take_template_kwargs_per_request`).
+    ``template_kwargs``: ``chat_template_kwargs`` (``enable_thinking``), which the engine adds to what
+    the template sees: its load-time ones, a request's over them
+    (:func:`engine_launcher.inside.engine_main.take_template_kwargs_per_request`). No list handed in
+    (messages, tools, functions, kwargs) is changed by the template: the load-time kwargs outlive the request.
     ``add_generation_prompt`` False renders a finished conversation (the model's own turns as written).
 
     >>> render_prompt("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
@@ -189,12 +191,13 @@ def render_prompt(
     '<user>Hi<assistant>'
     """
     template = compiled(text)
+    extra = request_template_kwargs(template_kwargs)
 
     def render(messages: Sequence[Any]) -> str:
-        with template_inputs(messages, tools, tool_choice):
+        with template_inputs(messages, tools, tool_choice, functions, function_call, extra):
             return template.render(
                 {
-                    **request_template_kwargs(template_kwargs),
+                    **extra,
                     "messages": messages,
                     "eos_token": eos_token,
                     "bos_token": bos_token,
