@@ -74,11 +74,12 @@ def real_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine
 def engine_chat_format(monkeypatch: pytest.MonkeyPatch) -> Any:
     """llama-cpp-python's chat formatters as serve's engine process has them (engine_main), for one test.
 
-    ``unpatched_template_file_formatter`` is llama-cpp-python's own, for comparison.
+    ``unpatched_template_file_formatter`` and ``unpatched_format`` (``Jinja2ChatFormatter.__call__``) are
+    llama-cpp-python's own, for comparison.
     """
     chat_format = pytest.importorskip("llama_cpp.llama_chat_format")
     monkeypatch.setattr(chat_format.Jinja2ChatFormatter, "__call__", chat_format.Jinja2ChatFormatter.__call__)
-    monkeypatch.setattr(chat_format, "ImmutableSandboxedEnvironment", chat_format.ImmutableSandboxedEnvironment)
+    monkeypatch.setattr(chat_format, "unpatched_format", chat_format.Jinja2ChatFormatter.__call__, raising=False)
     original = chat_format.hf_tokenizer_config_to_chat_formatter
     monkeypatch.setattr(chat_format, "hf_tokenizer_config_to_chat_formatter", original)
     monkeypatch.setattr(chat_format, "_toolpair_templates", False, raising=False)

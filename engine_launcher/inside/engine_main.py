@@ -11,9 +11,9 @@ llama-cpp-python release it was checked against (:data:`~engine_launcher.builder
 the one pin) and the test that fails without it. A new release means reading every row again; a
 test holds the installed release to the rows.
 
-The engine's patched formatter renders as :func:`engine_launcher.templates.chat_template.render_prompt`
-(check-template, count_tokens) does, from the same sandbox and argument handling; tests hold the two
-equal (``tests/engine/test_token_count.py``).
+The engine's patched Jinja formatter renders by calling
+:func:`engine_launcher.templates.chat_template.render_prompt`, the function check-template and
+count_tokens render with: one renderer, so what they show is what the engine reads.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from typing import Any
 
 from engine_launcher.builder.template_file import template_file_parts
 from engine_launcher.builder.version import LLAMA_CPP_VERSION
-from engine_launcher.templates.chat_template import TemplateSandbox, request_template_kwargs, template_inputs
-from engine_launcher.templates.tool_call_arguments import render_with_object_arguments
+from engine_launcher.templates.chat_template import render_prompt
 
 __all__ = [
     "ENGINE_FIXES",
@@ -101,26 +100,66 @@ def _first_logits_row(model: Any) -> Iterator[None]:
         model.scores = scores
 
 
-def render_chat_templates_as_models_expect() -> None:
-    """Have the engine render chat templates as :mod:`engine_launcher.templates.chat_template` says.
+_REQUEST_TEMPLATE_KWARGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "request_template_kwargs", default=None
+)
+"""The ``chat_template_kwargs`` of the chat request being formatted now (set around one call)."""
 
-    A model's own template (``Jinja2ChatFormatter``) gets tool-call arguments as objects. A template
-    file (``--chat_format hf-tokenizer-config``: ``serve --chat-template-file`` and the bundled
-    model's ChatML) is rendered by that same formatter, with a generation prompt, instead of plain
-    jinja2 with an empty assistant message appended. Both run in
-    :class:`~engine_launcher.templates.chat_template.TemplateSandbox`.
+
+def render_chat_templates_as_models_expect() -> None:
+    """Have the engine's Jinja formatter render through :func:`~engine_launcher.templates.chat_template.render_prompt`.
+
+    One renderer: what the engine reads is what ``check-template`` and ``count_tokens`` render,
+    by construction rather than by a second copy of the rendering held equal by tests. So a model's
+    own template (``Jinja2ChatFormatter``) gets tool-call arguments as objects and runs in
+    :class:`~engine_launcher.templates.chat_template.TemplateSandbox` (Kimi K2 builds its own
+    lists), with the load-time ``chat_template_kwargs`` and, where
+    :func:`take_template_kwargs_per_request` is on, the request's. The formatter answers as
+    llama-cpp-python's own does: its EOS text as the stop, its stop-token criterion, and the prompt
+    marked as holding its special tokens. A template file (``--chat_format hf-tokenizer-config``:
+    ``serve --chat-template-file`` and the bundled model's ChatML) is rendered by that same formatter,
+    with a generation prompt, instead of plain jinja2 with an empty assistant message appended.
+    The template llama-cpp-python compiles at load goes unused; ``render_prompt`` compiles it once
+    more, in its own cache, on the first request (tens of milliseconds for a long template).
     """
     chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
+    llama: Any = importlib.import_module("llama_cpp.llama")
     if getattr(chat_format, "_toolpair_templates", False):
         return
-    format_prompt = chat_format.Jinja2ChatFormatter.__call__
 
-    def format_in(self: Any, messages: Any, kwargs: dict[str, Any]) -> Any:
-        with template_inputs(messages, kwargs):
-            return format_prompt(self, messages=messages, **kwargs)
+    def format_with_render_prompt(
+        self: Any,
+        *,
+        messages: Any,
+        functions: Any = None,
+        function_call: Any = None,
+        tools: Any = None,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        prompt = render_prompt(
+            self.template,
+            messages,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            tools=tools,
+            tool_choice=tool_choice,
+            functions=functions,
+            function_call=function_call,
+            template_kwargs={**kwargs, **(_REQUEST_TEMPLATE_KWARGS.get() or {})},
+            add_generation_prompt=self.add_generation_prompt,
+        )
+        stopping_criteria = None
+        if self.stop_token_ids is not None:
+            stop_ids = self.stop_token_ids
 
-    def format_with_object_arguments(self: Any, *, messages: Any, **kwargs: Any) -> Any:
-        return render_with_object_arguments(lambda m: format_in(self, m, kwargs), messages)
+            def stop_on_last_token(tokens: Any, logits: Any) -> bool:
+                return bool(tokens[-1] in stop_ids)
+
+            stopping_criteria = llama.StoppingCriteriaList([stop_on_last_token])
+        return chat_format.ChatFormatterResponse(
+            prompt=prompt, stop=[self.eos_token], stopping_criteria=stopping_criteria, added_special=True
+        )
 
     def template_file_formatter(config: Any, add_generation_prompt: bool = True) -> Any:
         template, bos_token, eos_token = template_file_parts(config)
@@ -138,16 +177,9 @@ def render_chat_templates_as_models_expect() -> None:
 
         return format_without_empty_stop
 
-    chat_format.Jinja2ChatFormatter.__call__ = format_with_object_arguments
-    chat_format.ImmutableSandboxedEnvironment = TemplateSandbox  # Kimi K2's list.append, on its own lists
+    chat_format.Jinja2ChatFormatter.__call__ = format_with_render_prompt
     chat_format.hf_tokenizer_config_to_chat_formatter = template_file_formatter
     chat_format._toolpair_templates = True
-
-
-_REQUEST_TEMPLATE_KWARGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
-    "request_template_kwargs", default=None
-)
-"""The ``chat_template_kwargs`` of the chat request being formatted now (set around one call)."""
 
 
 def take_template_kwargs_per_request() -> None:
@@ -156,13 +188,13 @@ def take_template_kwargs_per_request() -> None:
     llama-cpp-python reads them only once, from its settings at model load, and drops the
     field from a request; so a client's (or toolpair's, :mod:`proxy.engine.thinking`) thinking
     switch, ``enable_thinking``, never reached the template. Here the request model gains the
-    field, the chat call keeps it aside for the length of the call (the prompt is formatted
-    inside it, for streams too), and the Jinja formatter adds it to what the template sees; the
-    request's keys win over the load-time ones. Call before the server module is imported.
+    field, and the chat call keeps it aside for the length of the call (the prompt is formatted
+    inside it, for streams too), where the formatter of :func:`render_chat_templates_as_models_expect`
+    hands it to the template; the request's keys win over the load-time ones. Call before the
+    server module is imported.
     """
     types: Any = importlib.import_module("llama_cpp.server.types")
     llama: Any = importlib.import_module("llama_cpp.llama")
-    chat_format: Any = importlib.import_module("llama_cpp.llama_chat_format")
     pydantic: Any = importlib.import_module("pydantic")  # the engine's dependency, not toolpair's
     if getattr(types, "_toolpair_template_kwargs", False):
         return
@@ -174,7 +206,6 @@ def take_template_kwargs_per_request() -> None:
     )
     with_kwargs.__doc__ = request_model.__doc__
     create = llama.Llama.create_chat_completion
-    format_prompt = chat_format.Jinja2ChatFormatter.__call__
 
     def create_with_template_kwargs(self: Any, *args: Any, chat_template_kwargs: Any = None, **kwargs: Any) -> Any:
         token = _REQUEST_TEMPLATE_KWARGS.set(chat_template_kwargs or None)
@@ -183,12 +214,8 @@ def take_template_kwargs_per_request() -> None:
         finally:
             _REQUEST_TEMPLATE_KWARGS.reset(token)
 
-    def format_with_request_kwargs(self: Any, **kwargs: Any) -> Any:
-        return format_prompt(self, **{**kwargs, **request_template_kwargs(_REQUEST_TEMPLATE_KWARGS.get())})
-
     types.CreateChatCompletionRequest = with_kwargs
     llama.Llama.create_chat_completion = create_with_template_kwargs
-    chat_format.Jinja2ChatFormatter.__call__ = format_with_request_kwargs
     types._toolpair_template_kwargs = True
 
 
@@ -307,15 +334,15 @@ ENGINE_FIXES: tuple[EngineFix, ...] = (
     ),
     EngineFix(
         lambda keep_amx: render_chat_templates_as_models_expect(),
-        "Jinja2ChatFormatter.__call__, llama_chat_format.ImmutableSandboxedEnvironment, "
-        "hf_tokenizer_config_to_chat_formatter",
-        "templates get arguments as strings, a template file gets no generation prompt, Kimi K2's template "
-        "cannot build its own lists",
-        "tests/engine/test_token_count.py::test_render_matches_the_engine_exactly",
+        "Jinja2ChatFormatter.__call__ (its template, bos_token, eos_token, add_generation_prompt, stop_token_ids; "
+        "ChatFormatterResponse, llama.StoppingCriteriaList), hf_tokenizer_config_to_chat_formatter",
+        "the engine would read other prompts than check-template and count_tokens show: arguments as strings, "
+        "a template file without a generation prompt, no Kimi K2 (its template builds its own lists)",
+        "tests/engine_launcher/test_engine_renderer.py::test_the_engines_formatter_reads_render_prompts_prompt",
     ),
     EngineFix(
         lambda keep_amx: take_template_kwargs_per_request(),
-        "server.types.CreateChatCompletionRequest, Llama.create_chat_completion, Jinja2ChatFormatter.__call__",
+        "server.types.CreateChatCompletionRequest, Llama.create_chat_completion (read by the formatter above)",
         "a request's chat_template_kwargs (enable_thinking) never reach the template",
         "tests/test_serve_templates.py::test_anthropic_thinking_turns_the_templates_switch_and_count_tokens_follows",
     ),

@@ -1,7 +1,7 @@
 """How ``toolpair serve``'s engine turns messages into a prompt: one answer for the engine, the check and count_tokens.
 
-The engine is llama-cpp-python with toolpair's changes (``engine_main``). It renders a
-model's own template with its ``Jinja2ChatFormatter``: transformers' Jinja dialect (``{% break %}``,
+The engine is llama-cpp-python with toolpair's changes (``engine_main``). Its ``Jinja2ChatFormatter``
+renders a model's own template by calling :func:`render_prompt`: transformers' Jinja dialect (``{% break %}``,
 ``tojson`` with json.dumps' keywords, the ``{% generation %}`` tag), in a sandbox with
 ``trim_blocks`` and ``lstrip_blocks``, given ``add_generation_prompt``, ``raise_exception``,
 ``strftime_now`` and the request's ``tools``. A template file (``serve --chat-template-file``, and
@@ -11,8 +11,8 @@ templates close (``<|im_start|>assistant\\n<|im_end|>``), so the model answered 
 empty turn. Tool-call arguments reach the template as objects (:mod:`.tool_call_arguments`).
 
 ``toolpair check-template`` (:mod:`.template_check`) and the Anthropic ``count_tokens`` estimate
-(``proxy.engine.token_count``) render through :func:`render_prompt`; the tests hold it to the
-engine's own formatter. Pure: text in, text out.
+(``proxy.engine.token_count``) render through the same :func:`render_prompt`: one renderer, so they
+show what the engine reads. Pure: text in, text out.
 """
 
 from __future__ import annotations
