@@ -3,7 +3,7 @@
 A real llama-server (``--metrics --slots``) behind a recording hop behind ``toolpair proxy``. Agents and
 dashboards poll ``/props``, ``/slots`` and ``/v1/models`` through toolpair; those reads reach llama-server,
 and two ``/metrics`` scrapes with only such reads between them are the same bytes: toolpair's families
-and llama-server's alike.
+and llama-server's alike (once a first scrape has reset llama-server's since-the-last-scrape gauges).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ async def test_status_reads_between_two_scrapes_leave_them_the_same_bytes(stack:
                 assert response.status == 200
                 return await response.read()
 
+        await scrape()  # llama-server's tokens/s gauges cover the time since its last scrape: settle them
         first = await scrape()
         assert b"toolpair_requests_total{" in first and b"llamacpp:" in first  # both sides are in the scrape
         seen = len(stack.hop.sent)
