@@ -48,6 +48,8 @@ SUITE_VENV = ROOT / ".venv-llama-suite"
 DEFAULT_FILES = (
     "test_basic.py",
     "test_tokenize.py",
+    "test_chat_completion.py",
+    "test_compat_anthropic.py",
     "test_sleep.py",
     "test_metrics.py",
     "test_ignore_eos.py",
@@ -57,7 +59,7 @@ DEFAULT_FILES = (
     "test_security.py",
     "test_slot_save.py",
 )
-"""Files that run in minutes on two cores with a local model (no embedding, rerank, vision, router or MCP)."""
+"""Files that run in about 10 minutes on two cores, both runs (no embedding, rerank, vision, router or MCP files)."""
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
