@@ -61,7 +61,7 @@ DEFAULT_FILES = (
     "test_security.py",
     "test_slot_save.py",
 )
-"""Files that run in about 10 minutes on two cores, both runs (no embedding, rerank, vision, router or MCP files)."""
+"""Files that run in about 15 minutes on two cores, both runs (no embedding, rerank, vision, router or MCP files)."""
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
