@@ -51,6 +51,13 @@ unit: $(VENV)/.deps-test system-deps
 llama-server: $(VENV)/.deps-test
 	PYTHON=$(PY) nice -n 10 scripts/build_llama_server.sh
 
+# llama.cpp's own server test suite (the pinned sdist's tools/server/tests), straight at llama-server and
+# through `toolpair proxy`, outcomes compared test by test (docs/engine.md). FILES="test_basic.py ..." for others.
+.PHONY: llama-server-suite
+llama-server-suite: $(VENV)/.deps-test
+	$(MAKE) llama-server
+	nice -n 5 $(PY) scripts/llama_server_suite_check.py $(if $(FILES),--files $(FILES))
+
 test: lint unit
 
 # The engine built for this machine (or BACKEND=cpu|cuda|hip|sycl|metal|vulkan), the default

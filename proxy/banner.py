@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from engine_launcher.builder.version import LLAMA_CPP_VERSION
 from engine_launcher.supervise.memory import gib
 from proxy import __version__
-from proxy.config import Settings
+from proxy.config import Settings, listen_hosts
 from proxy.engine.detect import Detection, engine_lines
 from proxy.engine.kinds import EngineKind
 from proxy.engine.model_names import model_line, parse_model_map
@@ -28,12 +28,13 @@ _EVERY_INTERFACE = ("0.0.0.0", "", "::")
 
 
 def listening_url(settings: Settings) -> str:
-    """The URL a client on this machine reaches toolpair at: loopback for an every-interface address.
+    """The URL a client on this machine reaches toolpair at: loopback for an every-interface address, the first
+    of several.
 
-    >>> listening_url(Settings(host="0.0.0.0", port=8787)), listening_url(Settings(host="::1", port=9))
+    >>> listening_url(Settings(host="0.0.0.0", port=8787)), listening_url(Settings(host="::1,127.0.0.1", port=9))
     ('http://127.0.0.1:8787', 'http://[::1]:9')
     """
-    host = settings.host
+    host = listen_hosts(settings.host)[0]
     local = "127.0.0.1" if host in _EVERY_INTERFACE else (f"[{host}]" if ":" in host else host)
     return f"http://{local}:{settings.port}"
 
@@ -142,7 +143,7 @@ def serve_banner(settings: Settings, plan: ServePlan) -> str:
     base = listening_url(settings)
     launch = plan.launch
     template = launch.chat_template.name if launch.chat_template else "the model's own"
-    where = " (all interfaces)" if settings.host in _EVERY_INTERFACE else ""
+    where = " (all interfaces)" if any(host in _EVERY_INTERFACE for host in listen_hosts(settings.host)) else ""
     threads = f"threads {launch.n_threads}/{launch.n_threads_batch}" if launch.n_threads else "threads: engine default"
     facts = [
         f"  engine:         {plan.backend} build, n_ctx {launch.n_ctx}, gpu layers {launch.n_gpu_layers}, "

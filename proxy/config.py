@@ -22,7 +22,17 @@ import yaml
 
 from engine_launcher.supervise.launch import CACHE_TYPES, SPLIT_MODES
 
-__all__ = ["ApiMode", "ConfigError", "EngineKind", "LogFormat", "LogLevel", "Settings", "load_settings", "ENV_PREFIX"]
+__all__ = [
+    "ApiMode",
+    "ConfigError",
+    "EngineKind",
+    "LogFormat",
+    "LogLevel",
+    "Settings",
+    "listen_hosts",
+    "load_settings",
+    "ENV_PREFIX",
+]
 
 ENV_PREFIX = "TOOLPAIR_"
 
@@ -185,6 +195,15 @@ class Settings:
             if type(value) is not kind:
                 object.__setattr__(self, name, _enum(name, kind, value))
         _check_tuning(self)
+
+
+def listen_hosts(host: str) -> list[str]:
+    """The addresses ``host`` names: one, or several separated by commas (as llama-server's ``--host`` takes).
+
+    >>> listen_hosts("127.0.0.1,::1"), listen_hosts("0.0.0.0"), listen_hosts("")
+    (['127.0.0.1', '::1'], ['0.0.0.0'], [''])
+    """
+    return [part.strip() for part in host.split(",") if part.strip()] or [host]
 
 
 _LEAST = (

@@ -43,7 +43,7 @@ from engine_launcher.supervise.process import (
 )
 from proxy.app import create_app
 from proxy.banner import serve_banner
-from proxy.config import ConfigError, Settings
+from proxy.config import ConfigError, Settings, listen_hosts
 from proxy.engine.plan import engine_setup, follow_template
 from proxy.engine.queueing import EnginePool, PoolEngine
 from proxy.engine.upstream import EngineTarget, Upstream
@@ -283,9 +283,9 @@ async def run_serve(settings: Settings, plan: ServePlan, *, out: TextIO = sys.st
     app = build_serve_app(settings, plan, on_give_up=give_up)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
     try:
-        await site.start()
+        for host in listen_hosts(settings.host):
+            await web.TCPSite(runner, host, settings.port).start()
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None

@@ -28,7 +28,7 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_listen_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--host", help="address to listen on, or several separated by commas (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8787)")
     parser.add_argument("--config", metavar="FILE", help="YAML settings file (also TOOLPAIR_CONFIG)")
     parser.add_argument("--log-level", choices=choices(LogLevel), help="default info")

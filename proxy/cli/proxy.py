@@ -18,7 +18,7 @@ from proxy.cli.common import (
     read_template_file,
     start_logging,
 )
-from proxy.config import ApiMode, ConfigError, Settings, choices
+from proxy.config import ApiMode, ConfigError, Settings, choices, listen_hosts
 from proxy.engine.detect import Detection, resolve_engine
 from proxy.engine.kinds import EngineKind
 from proxy.engine.model_names import parse_model_map
@@ -138,7 +138,7 @@ def _run_proxy(args: argparse.Namespace) -> int:
         logging.getLogger("toolpair").info("%s", line)
     web.run_app(
         app,
-        host=settings.host,
+        host=listen_hosts(settings.host),
         port=settings.port,
         handler_cancellation=True,
         access_log=None,

@@ -6,7 +6,8 @@ everything else, turns a :class:`~proxy.errors.ToolpairError` raised by it into 
 that the app's ``answer_error`` makes (one layer for both: each middleware layer is a call and a
 frame more on every request), and when the response is finished (the last byte of a stream
 included) writes the access line and records the metrics, except for reads of
-toolpair's own state (scrapes, probes, status), which leave every metric as it was. The id goes back in
+toolpair's own state (scrapes, probes, status) and ``GET``/``HEAD`` reads of the engine's state that
+toolpair forwards (``/props``, ``/slots``, ``/v1/models``...), which leave every metric as it was. The id goes back in
 the response's ``X-Request-ID`` header, set just before headers are sent.
 
 The access line holds the method, the path without its query string (where
@@ -55,6 +56,21 @@ _READ_ONLY = _QUIET | {STATUS_PATH}
 """Reads of toolpair's own state: never counted in the metrics, so that reading changes nothing it reads
 (two scrapes with nothing between them are the same bytes). They still get a request id and an access line."""
 
+_ENGINE_STATUS = frozenset({"/props", "/slots", "/models", "/v1/models", "/v1/health", "/lora-adapters"})
+"""Reads of the engine's state, forwarded as they are (llama-server serves them all; other engines some):
+not counted either when read with ``GET`` or ``HEAD``. A ``POST`` to one (``/props``, ``/lora-adapters``
+and llama-server's router ``/models`` change things) is counted like any request."""
+
+_READS = frozenset({"GET", "HEAD"})
+
+
+def _counted(request: web.Request) -> bool:
+    """Whether ``request`` goes into the metrics: not when it only reads toolpair's or the engine's state."""
+    path = request.path
+    if path in _READ_ONLY:
+        return False
+    return not (path in _ENGINE_STATUS and request.method in _READS)
+
 
 def route_label(request: web.Request) -> str:
     """A bounded name for the route that served ``request``: its name, else its path pattern."""
@@ -78,7 +94,7 @@ def access_middleware(metrics: Metrics, log_bodies: bool, answer_error: ErrorAns
         token = bind(trace)
         # Bodies are hidden unless shown: with log_bodies off there is nothing to set, or to reset.
         shown = show_bodies(True) if log_bodies else None
-        counted = request.path not in _READ_ONLY
+        counted = _counted(request)
         if counted:
             metrics.in_flight += 1
         status = 500

@@ -29,7 +29,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import MultiMapping
 
-from proxy.config import ConfigError, Settings
+from proxy.config import ConfigError, Settings, listen_hosts
 from proxy.errors import AuthenticationError
 from proxy.ops.paths import METRICS_PATH, PROBE_PATHS, TOOLPAIR_METRICS_PATH
 
@@ -186,8 +186,10 @@ def exposure_warning(host: str, has_keys: bool) -> str | None:
     (True, True)
     >>> exposure_warning("0.0.0.0", False)[:40]
     'toolpair listens on 0.0.0.0, beyond loop'
+    >>> exposure_warning("127.0.0.1,::1", False) is None, exposure_warning("127.0.0.1,10.0.0.2", False) is None
+    (True, False)
     """
-    if has_keys or _is_loopback(host):
+    if has_keys or all(_is_loopback(address) for address in listen_hosts(host)):
         return None
     return (
         f"toolpair listens on {host}, beyond loopback, and asks for no API key: anyone who can reach "

@@ -31,8 +31,10 @@ Exported (all prefixed ``toolpair_``)::
     build_info{version}                     always 1
 
 No ``*_created`` series, and reading (``/metrics``, ``/toolpair/metrics``,
-``/health``, ``/ready``, ``/toolpair/status``) counts nowhere: two scrapes with
-nothing between them are the same bytes.
+``/health``, ``/ready``, ``/toolpair/status``, and a ``GET`` or ``HEAD`` of the
+engine's ``/props``, ``/slots``, ``/models``, ``/v1/models``, ``/v1/health`` or
+``/lora-adapters`` forwarded to it) counts nowhere: two scrapes with only reads
+between them are the same bytes (:mod:`proxy.ops.access`).
 
 ``route`` is the matched route's path (``/v1/chat/completions``), or
 ``passthrough`` for everything forwarded as is: never the raw path, which

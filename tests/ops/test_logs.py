@@ -114,6 +114,15 @@ async def test_every_kind_of_response_carries_the_request_id(
     assert headers["X-Request-ID"] == "rid-1"
 
 
+async def test_an_uncounted_read_of_the_engines_state_is_still_logged_with_its_request_id(
+    stack: Stack, captured: io.StringIO
+) -> None:
+    status, _, headers = await request(stack.url, "/props", method="GET", headers={"X-Request-ID": "rid-props"})
+    assert status == 200 and headers["X-Request-ID"] == "rid-props"
+    (line,) = access_lines(captured.getvalue())
+    assert (line["method"], line["path"], line["request_id"]) == ("GET", "/props", "rid-props")
+
+
 async def test_refused_request_carries_the_request_id_and_is_logged(
     engine: MockEngine, captured: io.StringIO, make_proxy: MakeProxy
 ) -> None:

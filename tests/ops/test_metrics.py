@@ -98,6 +98,33 @@ async def test_reading_leaves_every_metric_as_it_was(stack: Stack) -> None:
             assert await read("/toolpair/metrics", **accept) == first
 
 
+ENGINE_STATUS = ("/props", "/slots", "/models", "/v1/models", "/v1/health", "/lora-adapters")
+
+
+async def test_reading_the_engines_state_through_toolpair_leaves_every_metric_as_it_was(stack: Stack) -> None:
+    """GET and HEAD of the engine's status paths reach the engine, but count nowhere in toolpair."""
+    await send(stack.url, data=chat(CALLS, B, A))
+    first = await send(stack.url, "/toolpair/metrics", method="GET")
+    seen = len(stack.engine.received)
+    for path in ENGINE_STATUS:
+        for method in ("GET", "HEAD"):
+            await send(stack.url, path + "?model=m", method=method)
+    assert [(r.method, r.path) for r in stack.engine.received[seen:]] == [
+        (method, path) for path in ENGINE_STATUS for method in ("GET", "HEAD")
+    ]
+    assert await send(stack.url, "/toolpair/metrics", method="GET") == first
+
+
+async def test_writing_to_an_engine_status_path_is_counted(stack: Stack) -> None:
+    before = await scrape(stack.url)
+    await send(stack.url, "/props", b'{"n_ctx": 1}')
+    await send(stack.url, "/lora-adapters", b"[]")
+    await send(stack.url, "/slots/0?action=erase", b"{}")
+    after = await scrape(stack.url)
+    assert delta(before, after, "toolpair_requests_total", route="passthrough", status="200") == 3
+    assert delta(before, after, "toolpair_request_duration_seconds_count", route="passthrough") == 3
+
+
 async def test_in_order_and_kept_runs_by_reason(stack: Stack) -> None:
     before = await scrape(stack.url)
     await send(stack.url, data=chat(CALLS, A, B))
@@ -116,7 +143,7 @@ async def test_passthrough_is_counted_under_one_route_label(stack: Stack) -> Non
     stack.engine.reply_json({"object": "list", "data": [], "usage": {"prompt_tokens": 4, "total_tokens": 4}})
     before = await scrape(stack.url)
     await send(stack.url, "/v1/embeddings", b'{"input": "hi"}')
-    await send(stack.url, "/v1/models", method="GET")
+    await send(stack.url, "/v1/files", method="GET")
     await send(stack.url, "/some/random/path/123", method="DELETE")
     after = await scrape(stack.url)
     assert delta(before, after, "toolpair_requests_total", route="passthrough", status="200") == 3
