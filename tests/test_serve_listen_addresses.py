@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import signal
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.support.network import has_ipv6_loopback
 from tests.support.serve import start_serve
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-            probe.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
 def test_serve_answers_on_each_address_it_was_given(tmp_path: Path) -> None:
     serving = start_serve(tmp_path, "--host", "127.0.0.1,::1", "--ctx-size", "1024")
     try:

@@ -17,9 +17,10 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import aiohttp
 import pytest
@@ -61,6 +62,10 @@ def skip_unless_built(binary: Path | None) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         binary is None, reason="llama-server is not built: run scripts/build_llama_server.sh (make test builds it)"
     )
+
+
+NEEDS_LLAMA_SERVER = skip_unless_built(llama_server_binary())
+"""The mark for a module whose tests all run on the built llama-server (through :func:`module_stack`)."""
 
 
 def _status(url: str, headers: dict[str, str] | None = None) -> int | None:
@@ -207,6 +212,20 @@ class SidecarStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def module_stack(stack: type[SidecarStack], name: str, *engine_args: str) -> Any:
+    """A module-scoped ``stack`` fixture: one ``stack`` on the built llama-server with ``engine_args``, for all
+    of a module's tests (assign it to ``stack`` in the module)."""
+
+    @pytest.fixture(scope="module", name="stack")
+    def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarStack]:
+        binary = llama_server_binary()
+        assert binary is not None
+        with stack(binary, tmp_path_factory.mktemp(name), *engine_args) as started:
+            yield started
+
+    return running
 
 
 @dataclass(frozen=True)

@@ -6,30 +6,16 @@ address in its place must answer on both, or the suite's test fails through tool
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-
 import aiohttp
 import orjson
 import pytest
 
-from tests.sidecar.llama_server import TINY_BODIES, SidecarStack, llama_server_binary, skip_unless_built, start_sidecar
-
-BINARY = llama_server_binary()
-
-
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-            probe.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
+from tests.sidecar.llama_server import NEEDS_LLAMA_SERVER, TINY_BODIES, SidecarStack, module_stack, start_sidecar
+from tests.support.network import has_ipv6_loopback
 
 pytestmark = [
-    skip_unless_built(BINARY),
-    pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback"),
+    NEEDS_LLAMA_SERVER,
+    pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback"),
 ]
 
 
@@ -40,11 +26,7 @@ class Stack(SidecarStack):
         self.sidecar = self.keep(start_sidecar(self.tmp, upstream, "--host", "127.0.0.1,::1"))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    assert BINARY is not None
-    with Stack(BINARY, tmp_path_factory.mktemp("listen-addresses")) as running:
-        yield running
+stack = module_stack(Stack, "listen-addresses")
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "[::1]"])

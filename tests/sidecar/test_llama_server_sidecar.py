@@ -10,7 +10,6 @@ change (``n``, ``developer``, custom tools, errors, metrics, credentials, a repl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,10 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.sidecar.llama_server import (
-    SidecarStack,
-    llama_server_binary,
-    skip_unless_built,
-    start_llama_server,
-    start_sidecar,
-)
+from tests.sidecar.llama_server import NEEDS_LLAMA_SERVER, SidecarStack, module_stack, start_llama_server, start_sidecar
 from tests.support.conversations import assistant_calls, function_call, tool_result
 
-BINARY = llama_server_binary()
-pytestmark = skip_unless_built(BINARY)
+pytestmark = NEEDS_LLAMA_SERVER
 
 KEY = "engine-key-1"
 
@@ -96,11 +88,7 @@ class Stack(SidecarStack):
         self.keyed_toolpair = self.keep(start_sidecar(self.tmp, self.keyed.url))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    assert BINARY is not None
-    with Stack(BINARY, tmp_path_factory.mktemp("llama-server"), "--metrics") as running:
-        yield running
+stack = module_stack(Stack, "llama-server", "--metrics")
 
 
 class Answer:

@@ -8,7 +8,6 @@ name what the client asked for. A recording hop keeps what llama-server received
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -17,15 +16,14 @@ import pytest
 
 from tests.sidecar.llama_server import (
     MODEL_ALIAS,
+    NEEDS_LLAMA_SERVER,
     TINY_BODIES,
     SidecarStack,
-    llama_server_binary,
-    skip_unless_built,
+    module_stack,
     start_sidecar,
 )
 
-BINARY = llama_server_binary()
-pytestmark = skip_unless_built(BINARY)
+pytestmark = NEEDS_LLAMA_SERVER
 
 BODIES = TINY_BODIES
 
@@ -38,11 +36,7 @@ class Stack(SidecarStack):
         self.mapped = self.keep(start_sidecar(self.tmp, upstream, "--model-map", "claude-*haiku*=m"))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    assert BINARY is not None
-    with Stack(BINARY, tmp_path_factory.mktemp("model-names")) as running:
-        yield running
+stack = module_stack(Stack, "model-names")
 
 
 async def send(url: str, body: Any) -> tuple[int, bytes]:

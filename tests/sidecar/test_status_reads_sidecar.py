@@ -8,16 +8,12 @@ and llama-server's alike (once a first scrape has reset llama-server's since-the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import aiohttp
 import orjson
-import pytest
 
-from tests.sidecar.llama_server import TINY_BODIES, SidecarStack, llama_server_binary, skip_unless_built, start_sidecar
+from tests.sidecar.llama_server import NEEDS_LLAMA_SERVER, TINY_BODIES, SidecarStack, module_stack, start_sidecar
 
-BINARY = llama_server_binary()
-pytestmark = skip_unless_built(BINARY)
+pytestmark = NEEDS_LLAMA_SERVER
 
 STATUS_READS = ("/props", "/slots", "/models", "/v1/models", "/v1/health", "/lora-adapters")
 """The paths llama-server answers with its state (``GET``), each forwarded by toolpair as it is."""
@@ -30,11 +26,7 @@ class Stack(SidecarStack):
         self.sidecar = self.keep(start_sidecar(self.tmp, upstream))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    assert BINARY is not None
-    with Stack(BINARY, tmp_path_factory.mktemp("status-reads"), "--metrics", "--slots") as running:
-        yield running
+stack = module_stack(Stack, "status-reads", "--metrics", "--slots")
 
 
 async def test_status_reads_between_two_scrapes_leave_them_the_same_bytes(stack: Stack) -> None:
