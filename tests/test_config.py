@@ -72,6 +72,19 @@ def test_proxy_without_upstream_is_a_clear_error() -> None:
     assert run.returncode == 2 and "upstream is required" in run.stderr
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1,no-such-host.invalid", ","])
+def test_an_address_the_proxy_cannot_listen_on_is_one_clear_line(host: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "proxy", "proxy", "--upstream", "http://127.0.0.1:9", "--host", host, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert f"toolpair: cannot listen on {host}:0: " in run.stderr
+    assert "Traceback" not in run.stderr
+
+
 def test_engine_settings_from_every_source(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("engine_kind: llama-server\nreasoning: false\nvision: true\n")

@@ -136,13 +136,16 @@ def _run_proxy(args: argparse.Namespace) -> int:
     app = create_app(settings, find_engine=True, chat_template=template)  # auto: found in the background
     for line in proxy_banner(settings, found).splitlines():  # one record a line: JSON logs stay one object a line
         logging.getLogger("toolpair").info("%s", line)
-    web.run_app(
-        app,
-        host=listen_hosts(settings.host),
-        port=settings.port,
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
-        loop=new_event_loop(),
-    )
+    try:
+        web.run_app(
+            app,
+            host=listen_hosts(settings.host),
+            port=settings.port,
+            handler_cancellation=True,
+            access_log=None,
+            print=None,
+            loop=new_event_loop(),
+        )
+    except OSError as exc:  # an address that does not resolve, is not this machine's, or is taken
+        raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
     return 0
