@@ -24,9 +24,10 @@
 #   UPSTREAM=llama-router ROUTER_LOAD=none \
 #     EXTRA_SERVE_ARGS="--model-map claude-*=gemma-a --model-map local-model=gemma-b" scripts/agent_clients_check.sh
 #   UPSTREAM=http://127.0.0.1:8080 scripts/agent_clients_check.sh   # an engine already running there
-#   LLAMA_ARGS="-n 128" UPSTREAM=llama-server ...   # more llama-server arguments: -n caps each reply, so a tiny
-#                                                   # model that never stops (at a few tokens/s on a busy CPU)
-#                                                   # cannot outlast TURN_TIMEOUT
+#   LLAMA_ARGS="-n 128" UPSTREAM=llama-server ...   # more llama-server arguments. -n caps only a request that
+#                                                   # names no max_tokens: Codex's, not Claude Code's (it asks for
+#                                                   # 32000, and takes a reply cut at its own cap as an API error),
+#                                                   # so Claude Code passes only with a model that ends its turn
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
