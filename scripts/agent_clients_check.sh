@@ -26,8 +26,11 @@
 #   UPSTREAM=http://127.0.0.1:8080 scripts/agent_clients_check.sh   # an engine already running there
 #   LLAMA_ARGS="-n 128" UPSTREAM=llama-server ...   # more llama-server arguments. -n caps only a request that
 #                                                   # names no max_tokens: Codex's, not Claude Code's (it asks for
-#                                                   # 32000, and takes a reply cut at its own cap as an API error),
-#                                                   # so Claude Code passes only with a model that ends its turn
+#                                                   # 32000, and takes a reply cut at its own cap as an API error)
+#   REPLY="Hello." UPSTREAM=llama-server ...        # llama-server writes exactly this (a GBNF grammar) and ends
+#                                                   # its turn. The default for llama-server and llama-router:
+#                                                   # SmolLM2-135M never ends a turn on Claude Code's 13k-token
+#                                                   # prompt. REPLY= (empty) lets the model write freely.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,6 +45,7 @@ CLIENTS="${CLIENTS:-claude codex}"
 UPSTREAM="${UPSTREAM:-}"                # empty: toolpair serve; llama-server, llama-router or a URL: toolpair proxy
 ROUTER_MODELS="${ROUTER_MODELS:-gemma-a gemma-b}"
 ROUTER_LOAD="${ROUTER_LOAD:-${ROUTER_MODELS%% *}}"
+REPLY="${REPLY-Hello from llama-server, through toolpair.}"
 
 WORK="$(mktemp -d -t toolpair-agents-XXXXXX)"
 SERVE_PID=""
@@ -78,7 +82,7 @@ URL="http://127.0.0.1:$PORT"
 started="$(now)"
 if [ "$UPSTREAM" = llama-server ] || [ "$UPSTREAM" = llama-router ]; then
     LLAMA_SERVER="$(PYTHON="$PYTHON" "$ROOT/scripts/build_llama_server.sh")" || { echo "FAIL: llama-server build"; exit 1; }
-    # serve's default model (SmolLM2-135M-Instruct), which ends its turns; ENGINE_MODEL=PATH for another GGUF
+    # serve's default model (SmolLM2-135M-Instruct); ENGINE_MODEL=PATH for another GGUF
     MODEL="${ENGINE_MODEL:-$("$PYTHON" -c 'from engine_launcher.builder.models import default_model; print(default_model())')}"
     ENGINE_PORT="$(free_port)"
     if [ "$UPSTREAM" = llama-router ]; then
@@ -88,9 +92,12 @@ if [ "$UPSTREAM" = llama-server ] || [ "$UPSTREAM" = llama-router ]; then
     else
         WHAT_MODEL=(-m "$MODEL")
     fi
+    GRAMMAR=()
+    # A grammar that admits one exact text: the engine writes it and stops (quotes and backslashes escaped for GBNF).
+    [ -n "$REPLY" ] && GRAMMAR=(--grammar "root ::= \"$(printf '%s' "$REPLY" | sed 's/[\\"]/\\&/g')\"")
     # shellcheck disable=SC2086  # LLAMA_ARGS is a list of words on purpose
     "$LLAMA_SERVER" "${WHAT_MODEL[@]}" --jinja --host 127.0.0.1 --port "$ENGINE_PORT" -c "${LLAMA_CTX:-32768}" \
-        ${LLAMA_ARGS:-} >"$WORK/engine.out" 2>"$WORK/engine.err" &
+        "${GRAMMAR[@]}" ${LLAMA_ARGS:-} >"$WORK/engine.out" 2>"$WORK/engine.err" &
     ENGINE_PID=$!
     UPSTREAM="http://127.0.0.1:$ENGINE_PORT"
     until curl -sf "$UPSTREAM/health" >/dev/null; do
@@ -99,7 +106,7 @@ if [ "$UPSTREAM" = llama-server ] || [ "$UPSTREAM" = llama-router ]; then
         fi
         sleep 0.5
     done
-    echo "llama-server ready on $UPSTREAM in $(since "$started")s"
+    echo "llama-server ready on $UPSTREAM in $(since "$started")s${REPLY:+; it writes exactly: $REPLY}"
     if [ "${WHAT_MODEL[0]}" = --models-dir ] && [ "$ROUTER_LOAD" != none ]; then
         curl -sf -X POST -H 'Content-Type: application/json' -d "{\"model\": \"$ROUTER_LOAD\"}" \
             "$UPSTREAM/models/load" >/dev/null || { echo "FAIL: the router did not load $ROUTER_LOAD"; exit 1; }
@@ -209,6 +216,10 @@ fi
 
 echo "requests toolpair answered (route status time):"
 grep 'toolpair.access' "$WORK/serve.err" | grep -v ' /ready ' | awk '{ print "  " $4, $5, $6, $7 }'
+if [ -n "$UPSTREAM" ]; then
+    echo "API routes toolpair chose (native or translated, and why):"
+    curl -sf "$URL/toolpair/metrics" | grep '^toolpair_api_routes_total{' | sed 's/^toolpair_api_routes_total/  /'
+fi
 if grep -qiE 'traceback|error' "$WORK/serve.err"; then
     echo "toolpair logged errors:"; grep -iE 'traceback|error' "$WORK/serve.err" | head -5 | cut -c1-300
 fi
