@@ -187,11 +187,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="requests per proxy and case before counting")
     parser.add_argument("--against", type=Path, help="another checkout whose toolpair is counted too")
     parser.add_argument("--json", action="store_true", help="print raw results as JSON")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep callgrind's dumps in this folder (NAME.PID.1 small, .2 large) for callgrind_annotate",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("valgrind is not installed (apt-get install valgrind; `make bench-instructions` does it)")
-    with tempfile.TemporaryDirectory(prefix="toolpair-callgrind-") as out:
-        results = asyncio.run(run(args, Path(out)))
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        results = asyncio.run(run(args, args.keep.resolve()))
+    else:
+        with tempfile.TemporaryDirectory(prefix="toolpair-callgrind-") as out:
+            results = asyncio.run(run(args, Path(out)))
     if args.json:
         print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
         return
