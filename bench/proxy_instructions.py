@@ -133,27 +133,56 @@ async def measure(
     session: aiohttp.ClientSession, proxies: Sequence[Counted], body: bytes, n: int, warmup: int
 ) -> dict[str, float]:
     """Instructions per request of each proxy over ``n`` requests of ``body``, after ``warmup`` of them."""
-    for _ in range(warmup):
-        for proxy in proxies:
-            await timed_post(session, proxy.url, body)
+    sides = len(proxies)
+    for round_no in range(warmup):
+        for k in range(sides):
+            await timed_post(session, proxies[(round_no + k) % sides].url, body)
     for proxy in proxies:
         proxy.control("--zero")
-    for _ in range(n):
-        for proxy in proxies:
-            await timed_post(session, proxy.url, body)
+    for round_no in range(n):  # a rotating order, as proxy_overhead's Contest: no proxy always goes first
+        for k in range(sides):
+            await timed_post(session, proxies[(round_no + k) % sides].url, body)
     return {proxy.name: proxy.dump() / n for proxy in proxies}
 
 
+PACKAGES = ("proxy", "engine_launcher")
+"""What a toolpair sidecar runs from: copied out of each checkout, see :func:`same_length_copies`."""
+
+
+def same_length_copies(roots: Sequence[Path], into: Path) -> list[Path]:
+    """Each checkout's packages copied to ``into/1``, ``into/2``, ...: paths of one length.
+
+    The count moves with where the code lies (about 2% between two checkouts of the same commit at
+    paths of different lengths, more than many a change is worth): the paths end up in strings made
+    at start-up, which shifts where later objects are allocated, and CPython's type attribute cache
+    is indexed by addresses. Copies at paths of one length, under a temporary folder whose name
+    always has the same length, make runs from any checkout comparable.
+    """
+    copies = []
+    for number, root in enumerate(roots, 1):
+        copy = into / str(number)
+        for package in PACKAGES:
+            shutil.copytree(root / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+        copies.append(copy)
+    return copies
+
+
 async def run(args: argparse.Namespace, out_dir: Path) -> dict[str, dict[str, float]]:
+    with tempfile.TemporaryDirectory(prefix="toolpair-sides-") as sides_dir:
+        roots = [ROOT, *([args.against.resolve()] if args.against else [])]
+        return await count(args, out_dir, same_length_copies(roots, Path(sides_dir)))
+
+
+async def count(args: argparse.Namespace, out_dir: Path, roots: Sequence[Path]) -> dict[str, dict[str, float]]:
     engine_port = free_port()
     direct = f"http://127.0.0.1:{engine_port}"
     engine = start([sys.executable, "-m", "tests.mock_engine", "--port", str(engine_port)])
     processes = [engine]
     proxies: list[Counted] = []
     try:
-        sides = [("floor", floor_command, ROOT), ("toolpair", toolpair_command, ROOT)]
+        sides = [("floor", floor_command, ROOT), ("toolpair", toolpair_command, roots[0])]
         if args.against:
-            sides.append(("against", toolpair_command, args.against.resolve()))
+            sides.append(("against", toolpair_command, roots[1]))
         for name, command, root in sides:
             port = free_port()
             process = start([*valgrind_command(out_dir, name), *command(direct, port)], root)
