@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: test lint unit serve bench bench-normalize bench-toolcalls bench-cpu clean system-deps scale-check docker-check portable-check
+.PHONY: test lint unit serve bench bench-instructions valgrind-deps bench-normalize bench-toolcalls bench-cpu clean system-deps scale-check docker-check portable-check
 .PHONY: vulkan-deps vulkan-check cuda-build-check
 
 $(VENV)/bin/python:
@@ -72,6 +72,18 @@ scale-check: $(VENV)/.deps-test system-deps
 
 bench: $(VENV)/.deps-test
 	$(PY) bench/proxy_overhead.py
+
+# Instructions per request of toolpair and of the floor proxy, each under valgrind's callgrind
+# (docs/performance.md): steady on a shared machine, where wall and CPU time are not. Installs
+# valgrind when missing. AGAINST=../main counts that checkout's toolpair in the same run.
+valgrind-deps:
+	@command -v valgrind >/dev/null && command -v callgrind_control >/dev/null || { \
+		echo "installing: valgrind"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends valgrind; \
+	}
+
+bench-instructions: $(VENV)/.deps-test valgrind-deps
+	$(PY) bench/proxy_instructions.py $(if $(AGAINST),--against $(AGAINST))
 
 bench-normalize: $(VENV)/.deps-test
 	$(PY) bench/normalize_throughput.py --parquet

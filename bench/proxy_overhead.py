@@ -156,10 +156,20 @@ def start(command: list[str], root: Path = ROOT) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def toolpair_command(upstream: str, port: int) -> list[str]:
+    """The toolpair sidecar's command line, as the bench configures it (run from a checkout's root)."""
+    command = [sys.executable, "-m", "proxy", "proxy", "--upstream", upstream, "--port", str(port)]
+    return [*command, "--log-level", "warning"]
+
+
+def floor_command(upstream: str, port: int) -> list[str]:
+    """The floor proxy's command line: this script, serving the floor."""
+    return [sys.executable, str(Path(__file__).resolve()), "--serve-floor", upstream, "--port", str(port)]
+
+
 def start_toolpair(upstream: str, port: int, root: Path = ROOT) -> subprocess.Popen[bytes]:
     """A toolpair sidecar from the checkout at ``root``, as the bench configures it."""
-    command = [sys.executable, "-m", "proxy", "proxy", "--upstream", upstream, "--port", str(port)]
-    return start([*command, "--log-level", "warning"], root)
+    return start(toolpair_command(upstream, port), root)
 
 
 async def wait_up(session: aiohttp.ClientSession, url: str) -> None:
@@ -291,7 +301,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     direct, proxied = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
     floor, against = f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{against_port}"
     engine = start([sys.executable, "-m", "tests.mock_engine", "--port", str(engine_port), "--words", str(args.chunks)])
-    floor_proxy = start([sys.executable, __file__, "--serve-floor", direct, "--port", str(floor_port)])
+    floor_proxy = start(floor_command(direct, floor_port))
     proxy = start_toolpair(direct, proxy_port)
     other = start_toolpair(direct, against_port, args.against.resolve()) if args.against else None
     results: dict[str, Any] = {"against": str(args.against) if args.against else None}

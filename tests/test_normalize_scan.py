@@ -198,6 +198,26 @@ def test_values_orjson_writes_differently_only_stop_a_rewrite(text: str) -> None
             assert answered, line
 
 
+_INSIDE = ['\\"', "\\\\", "\\n", "\\u0041", "\u00e9", "\u20ac", "\U0001f600", "\x7f", '","call_id":"call_a']
+"""What may stop a run of plain bytes inside a string: escapes, non-ASCII text, DEL, a key-like text."""
+
+
+@pytest.mark.parametrize("inside", _INSIDE)
+def test_every_byte_offset_in_a_long_string_is_read(inside: str) -> None:
+    """The scan skips plain bytes 8 at a time: whatever stops a run, and a string's end, at every offset."""
+    for before in range(0, 19):
+        for after in (0, 1, 7, 8, 9, 40):
+            output = "x" * before + inside + "y" * after
+            for arrival in ((1, 0), (0, 1)):
+                record = FORMS["chat"](CALLS[:2], [(CALLS[i][0], output if i else "z" * before) for i in arrival])
+                line = orjson.dumps(record)
+                assert _agrees(line), (inside, before, after, arrival)
+    for before in range(0, 19):  # a raw control byte: not JSON, declined wherever it is
+        record = FORMS["chat"](CALLS[:2], [("call_b", "x" * before + "\x01" + "y" * 9), ("call_a", "2")])
+        line = orjson.dumps(record).replace(b"\\u0001", b"\x01")
+        assert _scan(line) is None, before
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.lists(st.integers(0, 6), min_size=1, max_size=12), st.booleans(), st.integers(1, 5000))
 def test_a_block_through_the_native_scan_equals_the_block_in_python(

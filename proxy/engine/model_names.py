@@ -29,6 +29,7 @@ import fnmatch
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -154,9 +155,8 @@ def listed_models(body: object) -> EngineModels:
     return EngineModels(tuple(ids), frozenset(known), router, tuple(running))
 
 
-@dataclass(frozen=True)
-class ModelPlan:
-    """The name one request sends the engine, and why."""
+class ModelPlan(NamedTuple):
+    """The name one request sends the engine, and why (a named tuple: one is made per request)."""
 
     asked: str | None
     """The client's ``model``; None when it sent none, or not a string (the engine answers that)."""

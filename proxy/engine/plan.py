@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy._types import Body
 from proxy.config import ConfigError, Settings
@@ -148,9 +148,8 @@ GENERIC = engine_setup(Settings())
 """An engine trusted with the whole API: nothing is adapted, nothing extracted."""
 
 
-@dataclass(frozen=True)
-class ReplyPlan:
-    """How to treat the engine's reply."""
+class ReplyPlan(NamedTuple):
+    """How to treat the engine's reply (a named tuple: one is made per request)."""
 
     extract: ExtractOptions
     usage: bool

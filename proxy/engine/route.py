@@ -26,8 +26,7 @@ What is checked, and where each goes (llama-server's profile):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy._types import Body
 from proxy.config import ApiMode
@@ -50,9 +49,8 @@ ROUTE_REASONS = (
 """Every reason a plan can give: the metric's label values, so they stay few."""
 
 
-@dataclass(frozen=True)
-class RoutePlan:
-    """The route one request takes, and why."""
+class RoutePlan(NamedTuple):
+    """The route one request takes, and why (a named tuple: one is made per request)."""
 
     mode: ApiMode
     reason: str

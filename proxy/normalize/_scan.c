@@ -35,6 +35,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 #define MAX_DEPTH 64
@@ -105,6 +106,22 @@ static int skip_ws(Reader *r) {
 
 static unsigned char PLAIN[256]; /* filled by the module's init */
 
+#define ONES ((uint64_t)0x0101010101010101ULL)
+#define HIGHS ((uint64_t)0x8080808080808080ULL)
+
+/* Whether all 8 bytes at p are PLAIN, tested at once (SWAR): none is the quote or the backslash
+ * ((v - ONES) & ~v has a byte's high bit set exactly when some byte of v is zero, for v = x ^ the
+ * byte repeated), none is below 0x20 ((x - 0x20 in every byte) & ~x, the same test for "less than"),
+ * none is 0x80 or above (x's own high bits). Each test is exact as a yes/no for the whole word: a
+ * borrow starts only at a byte that meets it. Read with memcpy: p need not be aligned. */
+static inline int plain8(const unsigned char *p) {
+    uint64_t x;
+    memcpy(&x, p, sizeof x);
+    uint64_t quote = x ^ (ONES * '"'), backslash = x ^ (ONES * '\\');
+    uint64_t found = ((quote - ONES) & ~quote) | ((backslash - ONES) & ~backslash) | ((x - ONES * 0x20) & ~x) | x;
+    return (found & HIGHS) == 0;
+}
+
 static int hexval(unsigned char c) {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -124,6 +141,8 @@ static int read_string(Reader *r, Span *content, int *escaped) {
     int esc = 0;
     content->s = i;
     for (;;) {
+        while (n - i >= 8 && plain8(p + i)) /* 8 plain bytes at a time, then byte by byte up to the first other */
+            i += 8;
         while (i < n && PLAIN[p[i]]) /* printable ASCII other than the quote and the backslash */
             i++;
         if (i >= n)

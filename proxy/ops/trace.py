@@ -70,7 +70,7 @@ class ResponseWatch:
         return bytes(self._body) if self._body is not None else None
 
 
-@dataclass
+@dataclass(slots=True)
 class Trace:
     """Facts about one request; see the module docstring for who notes what."""
 

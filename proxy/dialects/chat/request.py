@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
@@ -31,11 +31,11 @@ def decode_body(raw: bytes) -> Body:
     return data
 
 
-@dataclass(frozen=True)
-class ChatPlan:
+class ChatPlan(NamedTuple):
     """What to send upstream for one chat request.
 
-    ``body`` is the client's own bytes whenever nothing moved.
+    ``body`` is the client's own bytes whenever nothing moved. A named tuple, not a dataclass: one is
+    made per request, and a frozen dataclass sets each field with a call of its own.
     """
 
     body: bytes
@@ -66,12 +66,11 @@ def plan_chat_request(raw: bytes) -> ChatPlan:
     return ChatPlan(orjson.dumps(data), data, report)
 
 
-@dataclass(frozen=True)
-class EnginePlan:
+class EnginePlan(NamedTuple):
     """One chat request, ready for the engine.
 
     ``body`` is the client's own bytes whenever neither ordering nor
-    adaptation changed anything.
+    adaptation changed anything. A named tuple, as :class:`ChatPlan`.
     """
 
     body: bytes
