@@ -52,6 +52,7 @@ from bench.proxy_overhead import (  # noqa: E402
     start,
     timed_post,
     toolpair_command,
+    wait_up,
 )
 
 _TOTALS = re.compile(rb"^(?:totals|summary):\s+(\d+)", re.MULTILINE)
@@ -115,20 +116,6 @@ class Counted:
         raise RuntimeError(f"callgrind wrote no dump for {self.name}")
 
 
-async def wait_up(session: aiohttp.ClientSession, url: str, seconds: float = 180.0) -> None:
-    """Like proxy_overhead's, with room for a start under valgrind."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/v1/models") as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
-
-
 async def measure(
     session: aiohttp.ClientSession, proxies: Sequence[Counted], body: bytes, n: int, warmup: int
 ) -> dict[str, float]:
@@ -190,7 +177,7 @@ async def count(args: argparse.Namespace, out_dir: Path, roots: Sequence[Path]) 
             proxies.append(Counted(name, f"http://127.0.0.1:{port}", process, out_dir))
         async with aiohttp.ClientSession() as session:
             for url in (direct, *(p.url for p in proxies)):
-                await wait_up(session, url)
+                await wait_up(session, url, seconds=180.0)
             for proxy in proxies:
                 proxy.control("--instr=on")
             results = {}

@@ -172,8 +172,10 @@ def start_toolpair(upstream: str, port: int, root: Path = ROOT) -> subprocess.Po
     return start(toolpair_command(upstream, port), root)
 
 
-async def wait_up(session: aiohttp.ClientSession, url: str) -> None:
-    for _ in range(200):
+async def wait_up(session: aiohttp.ClientSession, url: str, seconds: float = 10.0) -> None:
+    """Waits until ``url`` answers ``/v1/models`` (a proxy under valgrind needs minutes, not seconds)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         try:
             async with session.get(url + "/v1/models") as response:
                 if response.status == 200:
